@@ -1,0 +1,1 @@
+"""polar-hpc: token-exact RL rollouts of unmodified agent harnesses on Slurm."""

@@ -1,0 +1,210 @@
+"""Every message that crosses a process boundary, and the one codec for them.
+
+Messages are msgspec Structs tagged by class name and encoded as msgpack (the same library encodes
+shard records). Links:
+
+- gateway <-> orchestrator (ZeroMQ DEALER -> ROUTER, tcp or ipc): Hello, Heartbeat, Credit, Assign,
+  SessionUpdate, Result, Cancel, Shutdown.
+- client (CLI, launcher, trainer) -> orchestrator (DEALER -> ROUTER): StatusRequest -> StatusReply,
+  Shutdown.
+- proxy <-> gateway (DEALER -> ROUTER over ipc): ProxyHello, OpenSession, CloseSession,
+  SessionClosed, CallRecord, Heartbeat.
+
+Both ends of a link send Heartbeat every `heartbeat_s`; `Liveness` tells when a peer has gone silent.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Union
+
+import msgspec
+
+
+class Message(msgspec.Struct, tag=True, forbid_unknown_fields=False):
+    """Base of every wire message; the tag is the class name."""
+
+
+# --- liveness -------------------------------------------------------------------------------------
+
+
+class Heartbeat(Message):
+    sender: str
+    t: float
+
+
+class Shutdown(Message):
+    reason: str = ""
+
+
+# --- gateway <-> orchestrator ---------------------------------------------------------------------
+
+
+class Hello(Message):
+    """A gateway introduces itself; `slots` is how many sessions it runs at once."""
+
+    gateway_id: str
+    host: str
+    slots: int
+
+
+class Credit(Message):
+    """The gateway has room for `n` more sessions (a free INIT slot each)."""
+
+    n: int
+
+
+class SessionSpec(msgspec.Struct):
+    """One rollout of one task: everything a gateway needs to run it."""
+
+    session_id: str
+    task: dict[str, Any]  # a validated config.Task, as plain data
+    sample_index: int
+    attempt: int
+    deadline: float  # unix time; set once, at dispatch
+
+
+class Assign(Message):
+    session: SessionSpec
+
+
+class SessionUpdate(Message):
+    """A session entered a pipeline stage (INIT, READY, RUN, POSTRUN)."""
+
+    session_id: str
+    state: str
+    t: float
+
+
+class Result(Message):
+    """A session ended; its trajectory (if any) is in shard `shard` of this gateway."""
+
+    session_id: str
+    status: str  # completed | error | timeout | cancelled
+    reward: float | None
+    n_calls: int
+    n_traces: int
+    n_tokens: int
+    shard: str
+    error: str | None = None
+
+
+class Cancel(Message):
+    session_id: str
+
+
+# --- clients -> orchestrator ----------------------------------------------------------------------
+
+
+class StatusRequest(Message):
+    pass
+
+
+class StatusReply(Message):
+    """Sessions by state, how many there are in all, and whether the run has finished."""
+
+    states: dict[str, int]
+    total: int
+    done: bool
+    gateways: int
+    mean_reward: float | None
+    tokens: int
+
+
+# --- proxy <-> gateway ----------------------------------------------------------------------------
+
+
+class ProxyHello(Message):
+    """The proxy is serving harnesses at `url` (an http URL ending before /v1)."""
+
+    proxy_id: str
+    url: str
+
+
+class OpenSession(Message):
+    """Calls bearing `token` as their API key now belong to `session_id`."""
+
+    session_id: str
+    token: str
+
+
+class CloseSession(Message):
+    """Stop accepting calls for this session; answer SessionClosed once its records are sent."""
+
+    session_id: str
+
+
+class SessionClosed(Message):
+    """Every CallRecord of the session was sent before this message, on the same link."""
+
+    session_id: str
+    n_calls: int
+
+
+class CallRecord(Message):
+    """One model call as the harness made it and as the engine answered it, token-exact."""
+
+    session_id: str
+    call_index: int
+    api: str  # openai_chat | openai_responses | anthropic_messages
+    request: dict[str, Any]
+    response: dict[str, Any]
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    finish_reason: str
+    weight_version: str
+    engine_url: str
+    stream: bool
+    t_start: float
+    t_end: float
+
+
+AnyMessage = Union[
+    Heartbeat,
+    Shutdown,
+    Hello,
+    Credit,
+    Assign,
+    SessionUpdate,
+    Result,
+    Cancel,
+    StatusRequest,
+    StatusReply,
+    ProxyHello,
+    OpenSession,
+    CloseSession,
+    SessionClosed,
+    CallRecord,
+]
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(AnyMessage)
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes) -> AnyMessage:
+    """Decode one message; raises msgspec.DecodeError / ValidationError on garbage."""
+    return _decoder.decode(data)
+
+
+class Liveness:
+    """Tracks when each peer was last heard from; a peer silent for `timeout_s` is lost."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._last: dict[Any, float] = {}
+
+    def heard(self, peer: Any) -> None:
+        self._last[peer] = time.monotonic()
+
+    def forget(self, peer: Any) -> None:
+        self._last.pop(peer, None)
+
+    def lost(self) -> list[Any]:
+        """Peers silent for longer than the timeout (each reported until forgotten)."""
+        now = time.monotonic()
+        return [p for p, t in self._last.items() if now - t > self.timeout_s]
