@@ -1,0 +1,32 @@
+"""The shell harness: a task's command, run in its sandbox, pointed at the proxy.
+
+The harness sees an ordinary OpenAI-compatible endpoint (OPENAI_BASE_URL, OPENAI_API_KEY = its
+session token), its instruction in POLAR_INSTRUCTION and in the file named by
+POLAR_INSTRUCTION_FILE, and this interpreter's bin folder first on PATH (so `python` is the one
+that has the project's environment).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from polar_hpc.config import Task
+
+INSTRUCTION_FILE = "instruction.txt"
+
+
+def environment(task: Task, proxy_url: str, token: str, session_id: str, workspace: Path) -> dict[str, str]:
+    """Write the instruction file into `workspace` and return the harness's environment."""
+    (workspace / INSTRUCTION_FILE).write_text(task.instruction)
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+    base = {
+        "PATH": path,
+        "OPENAI_BASE_URL": f"{proxy_url}/v1",
+        "OPENAI_API_KEY": token,
+        "POLAR_SESSION_ID": session_id,
+        "POLAR_INSTRUCTION": task.instruction,
+        "POLAR_INSTRUCTION_FILE": str(workspace / INSTRUCTION_FILE),
+    }
+    return base | dict(task.harness.env)

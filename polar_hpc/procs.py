@@ -1,0 +1,93 @@
+"""Child processes of polar-hpc: start them with a log file, wait until they are ready, stop them.
+
+Every child runs `python -m polar_hpc ...` with this interpreter, in its own process group, and
+gets SIGTERM if its parent dies (PR_SET_PDEATHSIG), so no process outlives the one that started it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+class ChildFailed(RuntimeError):
+    """A child process exited or never became ready; the message carries its log's tail."""
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+    def tail(self, n: int = 20) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def check(self) -> None:
+        """Raise ChildFailed if the process has exited."""
+        if self.proc.poll() is not None:
+            raise ChildFailed(f"{self.name} exited with code {self.proc.returncode} (log {self.log}):\n{self.tail()}")
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def spawn(name: str, args: list[str], log: Path) -> Child:
+    """Start `polar-hpc ARGS...` with stdout and stderr appended to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "polar_hpc", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+    return Child(name, proc, log)
+
+
+def wait_ready(child: Child, ready_file: Path, timeout_s: float = 60.0) -> dict:
+    """Wait for the child to write its ready file (JSON); fail early if it exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready_file.exists():
+            return json.loads(ready_file.read_text())
+        child.check()
+        time.sleep(0.02)
+    raise ChildFailed(f"{child.name} not ready after {timeout_s:.0f}s (log {child.log}):\n{child.tail()}")
+
+
+def stop(children: list[Child], grace_s: float = 5.0) -> None:
+    """SIGTERM each process group, then SIGKILL whatever is left after `grace_s`."""
+    for c in children:
+        _signal_group(c.proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for c in children:
+        try:
+            c.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for c in children:
+        _signal_group(c.proc, signal.SIGKILL)
+        c.proc.wait()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
