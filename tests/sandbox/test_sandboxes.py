@@ -1,0 +1,99 @@
+"""Sandboxes run commands in a private workspace, enforce timeouts and leave no process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from polar_hpc.sandbox import SandboxError, bwrap
+from polar_hpc.sandbox.bwrap import BwrapSandbox
+from polar_hpc.sandbox.none import NoneSandbox
+
+BACKENDS = [NoneSandbox, pytest.param(BwrapSandbox, marks=pytest.mark.skipif(
+    not bwrap.available(), reason="bubblewrap not installed or not usable here"))]
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def _alive(marker: str) -> bool:
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+                state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker.encode() in cmd and state != "Z":
+                return True
+    return False
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_files_prepare_exec_and_output_cap(cls, tmp_path: Path) -> None:
+    src = tmp_path / "input.txt"
+    src.write_text("payload\n")
+
+    async def go():
+        sb = cls(tmp_path / "sb", {"sub/in.txt": str(src)}, ["cat sub/in.txt > prepared.txt"], "host")
+        await sb.start()
+        r = await sb.exec("cat prepared.txt; echo $GREETING; echo oops >&2; exit 7", {"GREETING": "hi"}, 10)
+        big = await sb.exec("head -c 100000 /dev/zero", {}, 10, max_output=1000)
+        assert await sb.stop()
+        return r, big
+
+    r, big = _run(go())
+    assert (r.returncode, r.stdout, r.stderr, r.timed_out) == (7, b"payload\nhi\n", b"oops\n", False)
+    assert len(big.stdout) == 1000
+    assert not (tmp_path / "sb").exists()
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_failed_prepare_raises_with_its_stderr(cls, tmp_path: Path) -> None:
+    sb = cls(tmp_path / "sb", {}, ["echo no-such-tool >&2; exit 4"], "host")
+    with pytest.raises(SandboxError, match="exited 4: no-such-tool"):
+        _run(sb.start())
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_timeout_kills_the_whole_tree(cls, tmp_path: Path) -> None:
+    marker = f"9{os.getpid() % 100000:05d}7"
+
+    async def go():
+        sb = cls(tmp_path / "sb", {}, [], "host")
+        await sb.start()
+        r = await sb.exec(f"sleep {marker} & (sleep {marker} &); trap '' TERM; sleep {marker}", {}, 1.0)
+        return r, await sb.stop()
+
+    r, clean = _run(go())
+    assert r.timed_out and r.returncode != 0
+    assert clean
+    assert not _alive(marker)
+
+
+@pytest.mark.skipif(not bwrap.available(), reason="bubblewrap not installed or not usable here")
+def test_bwrap_isolation(tmp_path: Path) -> None:
+    host_file = Path("/tmp") / f"polar-host-{os.getpid()}"
+    host_file.write_text("host")
+    async def go():
+        sb = BwrapSandbox(tmp_path / "sb", {}, [], "none")
+        await sb.start()
+        ro = await sb.exec("touch /usr/polar-escape", {}, 10)
+        tmp = await sb.exec(f"touch /tmp/x && ls /tmp/x /tmp/{host_file.name}", {}, 10)
+        net = await sb.exec("cat /proc/net/dev", {}, 10)
+        pid = await sb.exec("echo $$", {}, 10)
+        await sb.stop()
+        return ro, tmp, net, pid
+
+    ro, tmp, net, pid = _run(go())
+    host_file.unlink()
+    assert ro.returncode != 0 and not Path("/usr/polar-escape").exists()
+    assert tmp.stdout == b"/tmp/x\n" and b"No such file" in tmp.stderr  # private /tmp: the host's is hidden
+    assert not Path("/tmp/x").exists()
+    interfaces = [line.split(":")[0].strip() for line in net.stdout.decode().splitlines()[2:]]
+    assert interfaces == ["lo"]
+    assert int(pid.stdout) < 10  # its own PID namespace
