@@ -12,6 +12,7 @@ import asyncio
 import os
 import shutil
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,9 +89,9 @@ class Sandbox:
 
     async def stop(self) -> bool:
         """Kill what is left, remove the sandbox's files; True when no process of it survives."""
-        for pgid in list(self._pgids):
+        for pgid in self._pgids:
             _kill_group(pgid)
-        clean = not any(_group_alive(p) for p in self._pgids)
+        clean = await _groups_gone(self._pgids, timeout_s=2.0)
         shutil.rmtree(self.root, ignore_errors=True)
         return clean
 
@@ -137,6 +138,16 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+async def _groups_gone(pgids: set[int], timeout_s: float) -> bool:
+    """Wait until no live process is left in any of `pgids` (SIGKILL takes a moment to land)."""
+    deadline = time.monotonic() + timeout_s
+    while any(_group_alive(p) for p in pgids):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def _group_alive(pgid: int) -> bool:
