@@ -1,0 +1,146 @@
+"""The `polar-hpc` command line: each command is a thin call into a module below.
+
+Every command turns a `ConfigError` (bad input) into a one-line message on stderr and exit code 2,
+with no traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(
+    help="Token-exact RL rollouts of unmodified LLM agent harnesses, on Slurm or locally.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+shards_app = typer.Typer(help="Read the trajectory shards of a run.", no_args_is_help=True)
+app.add_typer(shards_app, name="shards")
+
+
+def _guard(fn):
+    """Run fn(); bad input (ConfigError) becomes a one-line error and exit code 2."""
+    from polar_hpc.config import ConfigError
+
+    try:
+        return fn()
+    except ConfigError as e:
+        _fail(str(e))
+
+
+@app.command()
+def run(
+    tasks: Path = typer.Argument(..., help="Task file: one YAML task (or a list), or JSONL, one task per line."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="topology.yaml (default: built-in)."),
+    run_dir: Optional[Path] = typer.Option(None, help="Where the run's files go (default: a new folder under ./runs/)."),
+) -> None:
+    """Run a job on this machine: scripted engine, orchestrator, one gateway with its proxy."""
+    from rich.console import Console
+
+    from polar_hpc import procs
+    from polar_hpc.launch.local import LocalRun, run_local
+
+    console = Console()
+    try:
+        code = _guard(lambda: run_local(LocalRun(tasks, config, run_dir), console))
+    except procs.ChildFailed as e:
+        console.print(f"[red]error:[/red] {e}", highlight=False)
+        raise typer.Exit(1)
+    raise typer.Exit(code)
+
+
+@app.command()
+def orchestrator(
+    run_dir: Path = typer.Option(..., help="The run directory (holds topology.yaml and tasks.jsonl)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
+) -> None:
+    """Run the orchestrator of a run (started for you by `run` and `submit`)."""
+    from polar_hpc.orchestrator.server import serve
+
+    raise typer.Exit(_guard(lambda: serve(run_dir, host, port)))
+
+
+@app.command()
+def gateway(
+    run_dir: Path = typer.Option(..., help="The run directory."),
+    orchestrator: str = typer.Option(..., help="Orchestrator endpoint, e.g. tcp://host:port."),
+    engine_url: str = typer.Option(..., help="Engine base URL, e.g. http://host:port."),
+    gateway_id: str = typer.Option(..., help="This gateway's name (its shards are named after it)."),
+    tmp_dir: Optional[Path] = typer.Option(None, help="Node-local folder for session workspaces."),
+) -> None:
+    """Run a gateway: sessions in sandboxes, its proxy, shard writing (one per node)."""
+    from polar_hpc.gateway.server import GatewayOptions, serve
+
+    raise typer.Exit(_guard(lambda: serve(GatewayOptions(run_dir, orchestrator, engine_url, gateway_id, tmp_dir))))
+
+
+@app.command()
+def proxy(
+    gateway: str = typer.Option(..., help="The gateway's ipc endpoint."),
+    engine_url: str = typer.Option(..., help="Engine base URL."),
+    host: str = typer.Option("127.0.0.1", help="Address harnesses connect to."),
+    port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
+    ready_file: Optional[Path] = typer.Option(None, help="Write {'url': ...} here once listening."),
+    model: str = typer.Option("polar-scripted", help="Model name the run serves."),
+    proxy_id: str = typer.Option("proxy", help="This proxy's name."),
+    heartbeat_s: float = typer.Option(1.0, help="Heartbeat period towards the gateway."),
+    peer_timeout_s: float = typer.Option(10.0, help="Exit when the gateway is silent this long."),
+) -> None:
+    """Serve LLM APIs to harnesses from the engine, recording every call (started by the gateway)."""
+    from polar_hpc.proxy.server import ProxyOptions, serve
+
+    serve(ProxyOptions(gateway, engine_url, host, port, ready_file, model, proxy_id, heartbeat_s, peer_timeout_s))
+
+
+@shards_app.command("show")
+def shards_show(
+    run_dir: Path = typer.Argument(..., help="The run directory."),
+    json_lines: bool = typer.Option(False, "--json", help="One JSON object per trajectory per line."),
+) -> None:
+    """Print the trajectories of a run as a table (or JSON lines)."""
+    from polar_hpc.launch.shards_view import show
+
+    _guard(lambda: show(run_dir, json_lines))
+
+
+@app.command()
+def engine(
+    kind: str = typer.Option("scripted", help="Engine kind: 'scripted' (CPU test/demo engine)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
+    ready_file: Optional[Path] = typer.Option(None, help="Write {'url': ...} here once listening."),
+    script: Optional[Path] = typer.Option(None, help="Policy rules (YAML); default: built-in rules."),
+    weight_version: str = typer.Option("v0", help="Weight version the engine reports."),
+    sample_log: Optional[Path] = typer.Option(None, help="Append one JSON line per generation."),
+    token_delay_ms: float = typer.Option(0.0, help="Simulated time per generated token."),
+    context_length: int = typer.Option(8192, help="Longest prompt + output, in tokens."),
+    model_name: str = typer.Option("polar-scripted", help="Model name the engine serves."),
+) -> None:
+    """Run an inference engine that speaks SGLang's HTTP API."""
+    from polar_hpc.engines import scripted
+
+    if kind != "scripted":
+        _fail(f"engine --kind: unknown kind {kind!r} (known here: scripted)")
+    options = scripted.ScriptedOptions(
+        host=host,
+        port=port,
+        ready_file=ready_file,
+        script=script,
+        weight_version=weight_version,
+        sample_log=sample_log,
+        token_delay_ms=token_delay_ms,
+        context_length=context_length,
+        model_name=model_name,
+    )
+    _guard(lambda: scripted.serve(options))
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)

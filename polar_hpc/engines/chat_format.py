@@ -1,0 +1,105 @@
+"""Tokenizer + ChatML chat template of the scripted engine, and hermes-style tool-call parsing.
+
+`ChatFormat` loads an HF-format tokenizer folder (default: the committed scripted assets) and
+renders conversations with the folder's `chat_template` exactly as transformers would (Jinja2
+sandbox, trim_blocks/lstrip_blocks, a `tojson` that keeps key order and non-ASCII text).
+
+Contract (the prefix-extension invariant): if the engine samples `encode(R) + [im_end_id]` after a
+prompt P rendered with `add_generation_prompt=True`, then rendering the conversation extended with
+the assistant message the OpenAI API returns for R (its content, or the tool calls
+`parse_tool_calls(R)` finds, arguments as a JSON string) tokenizes to `encode(P) + encode(R) +
+[im_end_id] + ...`, token for token, provided R is canonical: no leading whitespace, and tool calls
+written as the template writes them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
+
+ASSET_DIR = Path(__file__).parent / "assets" / "scripted"
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of the byte-level alphabet: each printable stand-in character -> its byte."""
+    direct = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    direct += range(ord("®"), 256)
+    shifted = [b for b in range(256) if b not in direct]
+    table = {chr(b): b for b in direct}
+    table.update({chr(256 + i): b for i, b in enumerate(shifted)})
+    return table
+
+
+class ChatFormat:
+    """Encode/decode token ids and render chat prompts for one tokenizer folder."""
+
+    def __init__(self, folder: Path = ASSET_DIR) -> None:
+        self.folder = Path(folder)
+        self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        config = json.loads((self.folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.filters["tojson"] = lambda value: json.dumps(value, ensure_ascii=False)
+        self._template = env.from_string(config["chat_template"])
+        self._added = self.tokenizer.get_added_tokens_decoder()
+        self.special_ids = frozenset(i for i, t in self._added.items() if t.special)
+        self.im_end_id = self.tokenizer.token_to_id("<|im_end|>")
+        self.eos_ids = frozenset({self.im_end_id, self.tokenizer.token_to_id("<|endoftext|>")})
+        self.vocab_size = self.tokenizer.get_vocab_size()
+        self._bytes = _byte_decoder()
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text; added tokens in the text become their single ids."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """Text of ids; the non-special added tokens (`<tool_call>`...) are always kept."""
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw UTF-8 bytes one token stands for (a token may hold part of a character)."""
+        added = self._added.get(token_id)
+        if added is not None:
+            return added.content.encode()
+        return bytes(self._bytes[c] for c in self.tokenizer.id_to_token(token_id))
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The prompt text for OpenAI-style messages (and tools), rendered by the template."""
+        return self._template.render(
+            messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt
+        )
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, str]]]:
+    """Split a reply into (content or None, [{"name", "arguments" (a JSON string)}]).
+
+    Content is the text before the first `<tool_call>` block, less one trailing newline. A reply
+    with no block, or with a block that is not a JSON object with a string "name", is plain
+    content: (text, []).
+    """
+    blocks = list(_TOOL_CALL.finditer(text))
+    calls = []
+    for block in blocks:
+        try:
+            call = json.loads(block.group(1))
+        except ValueError:
+            return text, []
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return text, []
+        arguments = call.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append({"name": call["name"], "arguments": arguments})
+    if not calls:
+        return text, []
+    content = text[: blocks[0].start()]
+    content = content[:-1] if content.endswith("\n") else content
+    return content or None, calls

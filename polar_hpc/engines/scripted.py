@@ -1,0 +1,195 @@
+"""The scripted engine: a deterministic CPU test/demo engine with SGLang's HTTP API. Not a model.
+
+It exists so the proxy, gateway and tests run on laptops and in CI exactly as they would against
+SGLang. Replies come from regex rules over the prompt text (`policy.py`), tokens from a small
+byte-level BPE with a ChatML template (`chat_format.py`), logprobs from a hash.
+
+Routes: POST /generate (SGLang native, streaming or not), POST /v1/chat/completions (OpenAI Chat
+with tools, logprobs and SGLang's `return_token_ids`; in `scripted_chat.py`), GET /health,
+GET /get_model_info, GET /v1/models. `serve(options)` blocks: it listens (port 0: a free port),
+writes `{"url": ...}` to the ready file atomically, and returns after SIGTERM/SIGINT. A bad rules
+file raises ConfigError before anything listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from polar_hpc.engines.chat_format import ChatFormat
+from polar_hpc.engines.policy import Policy
+from polar_hpc.engines.scripted_chat import chat_completions
+from polar_hpc.engines.scripted_http import (
+    MODEL, get_bool, get_int, get_stop, json_errors, pace, read_json, sse,
+)
+from polar_hpc.engines.scripted_model import BadRequest, Generation, SamplingParams, ScriptedModel
+
+
+@dataclass(frozen=True)
+class ScriptedOptions:
+    host: str = "127.0.0.1"
+    port: int = 0
+    ready_file: Path | None = None
+    script: Path | None = None  # rules YAML; None: the built-in calculator rules
+    weight_version: str = "v0"
+    sample_log: Path | None = None
+    token_delay_ms: float = 0.0
+    context_length: int = 8192
+    model_name: str = "polar-scripted"
+
+
+def serve(options: ScriptedOptions) -> None:
+    """Run the engine until SIGTERM/SIGINT."""
+    model = ScriptedModel(
+        ChatFormat(), Policy.load(options.script), weight_version=options.weight_version,
+        context_length=options.context_length, model_name=options.model_name,
+        token_delay_ms=options.token_delay_ms, sample_log=options.sample_log,
+    )
+    try:
+        asyncio.run(_serve(options, build_app(model)))
+    finally:
+        model.close()
+
+
+def build_app(model: ScriptedModel) -> web.Application:
+    app = web.Application(middlewares=[json_errors], client_max_size=64 * 2**20)
+    app[MODEL] = model
+    app.router.add_get("/health", health)
+    app.router.add_get("/get_model_info", model_info)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    return app
+
+
+async def _serve(options: ScriptedOptions, app: web.Application) -> None:
+    runner = web.AppRunner(app, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, options.host, options.port).start()
+        url = f"http://{options.host}:{runner.addresses[0][1]}"
+        if options.ready_file is not None:
+            _write_atomically(Path(options.ready_file), json.dumps({"url": url}) + "\n")
+        print(f"scripted engine listening on {url}", file=sys.stderr, flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response()
+
+
+async def model_info(request: web.Request) -> web.Response:
+    model = request.app[MODEL]
+    return web.json_response({
+        "model_path": model.model_name, "tokenizer_path": str(model.fmt.folder),
+        "is_generation": True, "weight_version": model.weight_version,
+    })
+
+
+async def list_models(request: web.Request) -> web.Response:
+    model = request.app[MODEL]
+    card = {
+        "id": model.model_name, "object": "model", "created": 0, "owned_by": "polar-hpc",
+        "root": model.model_name, "max_model_len": model.context_length,
+    }
+    return web.json_response({"object": "list", "data": [card]})
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    """SGLang's native /generate for one prompt (`text` or `input_ids`)."""
+    started = time.perf_counter()
+    model = request.app[MODEL]
+    body = await read_json(request)
+    sampling = body.get("sampling_params") or {}
+    if not isinstance(sampling, dict):
+        raise BadRequest("'sampling_params' must be an object", "sampling_params")
+    stop_ids = sampling.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or not all(type(i) is int for i in stop_ids):
+        raise BadRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+    params = SamplingParams(
+        max_new_tokens=get_int(sampling, "max_new_tokens", 128),
+        stop=get_stop(sampling),
+        stop_token_ids=frozenset(stop_ids),
+        skip_special_tokens=get_bool(sampling, "skip_special_tokens", True),
+    )
+    rid = body.get("rid") or uuid.uuid4().hex
+    if not isinstance(rid, str):
+        raise BadRequest("'rid' must be a string (one request per call)", "rid")
+    with_logprobs, stream = get_bool(body, "return_logprob"), get_bool(body, "stream")
+    gen = model.generate("/generate", rid, _prompt_ids(body, model.fmt), params, started)
+    if not stream:
+        await pace(model, len(gen.output_ids))
+        return web.json_response(_generate_body(model, gen, len(gen.output_ids), with_logprobs))
+    return await sse(request, _generate_chunks(model, gen, with_logprobs))
+
+
+async def _generate_chunks(
+    model: ScriptedModel, gen: Generation, with_logprobs: bool
+) -> AsyncIterator[dict[str, Any]]:
+    """One cumulative /generate body per output token (one in all if there is none)."""
+    for k in range(1, len(gen.output_ids) + 1) if gen.output_ids else [0]:
+        await pace(model, min(k, 1))
+        yield _generate_body(model, gen, k, with_logprobs)
+
+
+def _prompt_ids(body: dict[str, Any], fmt: ChatFormat) -> list[int]:
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise BadRequest("give exactly one of 'text' and 'input_ids'")
+    if text is not None:
+        if not isinstance(text, str):
+            raise BadRequest("'text' must be a string (batches are not supported)", "text")
+        ids = fmt.encode(text)
+    elif not isinstance(ids, list) or not all(
+        type(i) is int and 0 <= i < fmt.vocab_size for i in ids
+    ):
+        raise BadRequest(
+            f"'input_ids' must be a list of token ids in [0, {fmt.vocab_size}) "
+            "(batches are not supported)", "input_ids",
+        )
+    if not ids:
+        raise BadRequest("the prompt is empty")
+    return ids
+
+
+def _generate_body(model: ScriptedModel, gen: Generation, k: int, with_logprobs: bool) -> dict:
+    """The /generate response (or cumulative stream chunk) after k output tokens."""
+    done = k == len(gen.output_ids)
+    meta: dict[str, Any] = {
+        "id": gen.rid,
+        "finish_reason": gen.finish_reason if done else None,
+        "prompt_tokens": len(gen.prompt_ids),
+        "completion_tokens": k,
+        "cached_tokens": gen.cached_tokens,
+        "weight_version": model.weight_version,
+        "e2e_latency": time.perf_counter() - gen.started,
+    }
+    if with_logprobs:
+        meta["output_token_logprobs"] = [
+            [lp, token, None] for lp, token in zip(gen.logprobs[:k], gen.output_ids[:k])
+        ]
+    return {"text": gen.texts[k], "output_ids": gen.output_ids[:k], "meta_info": meta}

@@ -1,0 +1,101 @@
+"""HTTP plumbing shared by the scripted engine's routes: app key, JSON errors, body fields, SSE.
+
+Every refused request gets SGLang/OpenAI's error body `{"object": "error", "message", "type",
+"param", "code"}`: 400 `BadRequestError` for malformed JSON or fields, the HTTP reason for other
+HTTP errors (`NotFoundError`...), 500 `InternalServerError` for a bug.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from polar_hpc.engines.scripted_model import BadRequest, ScriptedModel
+
+MODEL = web.AppKey("model", ScriptedModel)
+
+
+def error_response(status: int, kind: str, message: str, param: str | None = None) -> web.Response:
+    body = {"object": "error", "message": message, "type": kind, "param": param, "code": status}
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except BadRequest as e:
+        return error_response(400, "BadRequestError", str(e), e.param)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(e.status, e.reason.replace(" ", "") + "Error", e.reason)
+    except Exception as e:  # a bug: answer like a server would, and leave a trace in the log
+        print(f"scripted engine: {request.path}: {type(e).__name__}: {e}", file=sys.stderr)
+        return error_response(500, "InternalServerError", f"{type(e).__name__}: {e}")
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, or BadRequest."""
+    raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise BadRequest(f"malformed JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the JSON body must be an object")
+    return body
+
+
+def get_int(body: dict[str, Any], key: str, default: int | None, minimum: int = 0) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return default
+    if type(value) is not int or value < minimum:
+        raise BadRequest(f"{key!r} must be an integer >= {minimum}", key)
+    return value
+
+
+def get_bool(body: dict[str, Any], key: str, default: bool = False) -> bool:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise BadRequest(f"{key!r} must be true or false", key)
+    return value
+
+
+def get_stop(body: dict[str, Any]) -> tuple[str, ...]:
+    value = body.get("stop")
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise BadRequest("'stop' must be a non-empty string or a list of them", "stop")
+    return tuple(stops)
+
+
+async def sse(request: web.Request, events: AsyncIterator[dict[str, Any]]) -> web.StreamResponse:
+    """Send each event as `data: JSON` then `data: [DONE]`; stop quietly if the client leaves."""
+    response = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await response.prepare(request)
+    try:
+        async for event in events:
+            await response.write(f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+    except ConnectionResetError:
+        pass
+    return response
+
+
+async def pace(model: ScriptedModel, tokens: int = 1) -> None:
+    """Simulated decoding time for `tokens` tokens."""
+    if model.token_delay_s > 0 and tokens > 0:
+        await asyncio.sleep(model.token_delay_s * tokens)
