@@ -1,0 +1,63 @@
+"""The chat view of a call record, per API: request messages and tools, the assistant's reply.
+
+Only `openai_chat` is understood so far; any other api raises `UnsupportedApi` naming the call.
+A record of a known api that lacks the expected structure raises ValueError naming the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar_hpc.wire import CallRecord
+
+SUPPORTED_APIS = ("openai_chat",)
+
+
+class UnsupportedApi(ValueError):
+    """The record's api has no message adapter here."""
+
+
+def _check_api(record: CallRecord) -> None:
+    if record.api not in SUPPORTED_APIS:
+        raise UnsupportedApi(
+            f"call {record.call_index}: api {record.api!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_APIS)})"
+        )
+
+
+def request_messages(record: CallRecord) -> list[dict[str, Any]]:
+    """A copy of the conversation the harness sent."""
+    _check_api(record)
+    return list(record.request.get("messages", []))
+
+
+def request_tools(record: CallRecord) -> list[dict[str, Any]]:
+    """The tool definitions the harness offered (empty when none)."""
+    _check_api(record)
+    return list(record.request.get("tools") or [])
+
+
+def assistant_message(record: CallRecord) -> dict[str, Any]:
+    """The assistant message the engine answered with."""
+    _check_api(record)
+    try:
+        message = record.response["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(
+            f"call {record.call_index}: openai_chat response has no choices[0].message"
+        ) from None
+    if not isinstance(message, dict):
+        raise ValueError(f"call {record.call_index}: openai_chat choices[0].message is not an object")
+    return message
+
+
+def final_answer(records: list[CallRecord]) -> str:
+    """Text content of the last call's assistant message ('' when there is none)."""
+    if not records:
+        return ""
+    content = assistant_message(max(records, key=lambda r: r.call_index)).get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
