@@ -1,0 +1,138 @@
+"""Read sealed shards: trajectories, integrity checks, and the run summary.
+
+`path` arguments accept a run dir (shards in `<run>/shards/`), a shards dir, or one shard file.
+Only sealed shards are read (`*.shard`, hidden temp files skipped), in name order: by writer,
+then in the order each writer sealed them. A record that fails its length or checksum, or does not
+decode, ends its file: the intact records before it are yielded, the rest of the file is skipped
+with a logged warning counting the bytes, and nothing partial is ever yielded.
+
+With `unique=True` (the default) each (task_id, sample_index) is yielded once, the first copy met
+in that order winning: a session re-run after its gateway was lost may have been written twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from polar_hpc.shards.format import FormatError, decode_header, decode_trajectory, read_frames
+from polar_hpc.trajectory.model import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+def shard_files(path: Path) -> list[Path]:
+    """The sealed shards under `path`, in read order."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such run, shards dir or shard")
+    if path.is_file():
+        return [path]
+    folder = path / "shards" if (path / "shards").is_dir() else path
+    sealed = (p for p in folder.iterdir() if p.name.endswith(".shard") and not p.name.startswith("."))
+    return sorted(p for p in sealed if p.is_file())
+
+
+def iter_trajectories(path: Path, unique: bool = True) -> Iterator[Trajectory]:
+    for _, traj in _Scan(path, unique):
+        yield traj
+
+
+def verify(path: Path) -> list[str]:
+    """Every problem found, as `FILE: byte offset N: what (M bytes skipped)`; [] when all is well."""
+    problems: list[str] = []
+    for shard in shard_files(path):
+        for _ in _read(shard, problems):
+            pass
+    return problems
+
+
+def rows(path: Path) -> Iterator[dict[str, Any]]:
+    """One plain dict per trajectory, for listings and `--json` output."""
+    for traj in iter_trajectories(path):
+        yield {
+            "task_id": traj.task_id,
+            "sample_index": traj.sample_index,
+            "status": traj.status,
+            "reward": traj.reward,
+            "traces": len(traj.traces),
+            "tokens": traj.n_tokens,
+            "session_id": traj.session_id,
+        }
+
+
+def summarize(path: Path) -> dict[str, Any]:
+    """Counts over a run's shards: {shards, trajectories, by_status, rewarded, mean_reward (None when
+    nothing was rewarded), tokens, duplicates (copies skipped), problems (as `verify` words them)}."""
+    scan = _Scan(path, unique=True)
+    by_status: Counter[str] = Counter()
+    rewards: list[float] = []
+    tokens = 0
+    for _, traj in scan:
+        by_status[traj.status] += 1
+        tokens += traj.n_tokens
+        if traj.reward is not None:
+            rewards.append(traj.reward)
+    return {
+        "shards": len(scan.files),
+        "trajectories": sum(by_status.values()),
+        "by_status": dict(sorted(by_status.items())),
+        "rewarded": len(rewards),
+        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
+        "tokens": tokens,
+        "duplicates": scan.duplicates,
+        "problems": scan.problems,
+    }
+
+
+class _Scan:
+    """One pass over the shards under a path, keeping count of problems and duplicates."""
+
+    def __init__(self, path: Path, unique: bool) -> None:
+        self.files = shard_files(path)
+        self.unique = unique
+        self.problems: list[str] = []
+        self.duplicates = 0
+
+    def __iter__(self) -> Iterator[tuple[Path, Trajectory]]:
+        seen: set[tuple[str, int]] = set()
+        for shard in self.files:
+            found: list[str] = []
+            for traj in _read(shard, found):
+                key = (traj.task_id, traj.sample_index)
+                if self.unique and key in seen:
+                    self.duplicates += 1
+                    log.info("%s: skipping another copy of task %r sample %d", shard, *key)
+                    continue
+                seen.add(key)
+                yield shard, traj
+            for problem in found:
+                log.warning("%s", problem)
+            self.problems += found
+
+
+def _read(shard: Path, problems: list[str]) -> Iterator[Trajectory]:
+    """The intact trajectories of one shard; the problem that ended it, if any, goes to `problems`."""
+    try:
+        with open(shard, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            offset = 0
+            try:
+                header_seen = False
+                for offset, payload in read_frames(f):
+                    if header_seen:
+                        yield decode_trajectory(payload)
+                    else:
+                        decode_header(payload)
+                        header_seen = True
+                if not header_seen:
+                    raise FormatError(size, "no header record")
+            except FormatError as e:
+                at = e.offset if e.offset >= 0 else offset
+                problems.append(f"{shard}: byte offset {at}: {e.reason} ({size - at} bytes skipped)")
+    except OSError as e:
+        problems.append(f"{shard}: cannot read: {e.strerror}")

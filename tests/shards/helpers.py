@@ -1,0 +1,41 @@
+"""Trajectories for shard tests; logprobs are float32 values, as the engine's are."""
+
+from __future__ import annotations
+
+import struct
+
+from polar_hpc.trajectory.model import Trace, Trajectory
+
+
+def f32(x: float) -> float:
+    return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def make_trajectory(
+    task: str = "t1", sample: int = 0, status: str = "completed", reward: float | None = 1.0, n: int = 6
+) -> Trajectory:
+    response = [(7919 * i + sample) % 150000 for i in range(n)]
+    trace = Trace(
+        prompt_ids=[0, 1, 2**31 - 1, 151643],
+        response_ids=response,
+        loss_mask=[1 if i % 3 else 0 for i in range(n)],
+        logprobs=[0.0 if i % 3 == 0 else f32(-0.1 * i - 1e-7) for i in range(n)],
+        messages=[{"role": "user", "content": "hi ünïcode"}, {"role": "assistant", "content": "yo"}],
+        tools=[{"type": "function", "function": {"name": "sh", "parameters": {}}}],
+        finish_reason="stop",
+        weight_versions=["v0", "v1"],
+        call_indices=[0, 1],
+    )
+    return Trajectory(
+        session_id=f"{task}-{sample}-s",
+        task_id=task,
+        sample_index=sample,
+        attempt=0,
+        status=status,
+        reward=reward,
+        traces=[trace],
+        metadata={"builder": "prefix_merge", "chain_breaks": [], "nested": {"k": [1, 2.5, None]}},
+        t_start=1700000000.125,
+        t_end=1700000042.5,
+    )
+

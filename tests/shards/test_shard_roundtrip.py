@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import pytest
+
+from polar_hpc.shards import ShardWriter, iter_trajectories, shard_files, verify
+from polar_hpc.trajectory.model import Trace
+
+
+def test_round_trip_exact(tmp_path, make_traj):
+    originals = [
+        make_traj("a", 0),
+        make_traj("a", 1, reward=None, status="timeout", n=2000),
+        make_traj("b", 0, n=0),
+    ]
+    originals[0].traces.append(
+        Trace([5], [6, 7], [1, 1], [float("-inf"), -3.5], [], [], "length", ["v2"], [4])
+    )
+    with ShardWriter(tmp_path / "run" / "shards", "gw0", max_bytes=1 << 20, max_age_s=60) as w:
+        names = {w.append(t) for t in originals}
+    assert names == {"gw0-000001.shard"}
+    back = list(iter_trajectories(tmp_path / "run"))
+    assert back == originals  # every field, ids, masks and float32 logprobs bit for bit
+    assert back[1].n_tokens == 4 + 2000
+    assert verify(tmp_path / "run") == []
+
+
+def test_accepts_run_dir_shards_dir_or_file(tmp_path, make_traj):
+    with ShardWriter(tmp_path / "shards", "gw0", 1 << 20, 60) as w:
+        w.append(make_traj())
+    (file,) = shard_files(tmp_path)
+    for path in (tmp_path, tmp_path / "shards", file):
+        assert [t.task_id for t in iter_trajectories(path)] == ["t1"]
+    with pytest.raises(FileNotFoundError):
+        shard_files(tmp_path / "nope")
+
+
+def test_unencodable_trajectory_leaves_shard_untouched(tmp_path, make_traj):
+    bad = make_traj()
+    bad.traces[0].prompt_ids[0] = 2**31  # outside int32
+    with ShardWriter(tmp_path, "gw0", 1 << 20, 60) as w:
+        with pytest.raises(OverflowError):
+            w.append(bad)
+        assert list(tmp_path.iterdir()) == []
+        w.append(make_traj())
+    assert len(list(iter_trajectories(tmp_path))) == 1
