@@ -7,8 +7,8 @@ shard records). Links:
   SessionUpdate, Result, Cancel, Shutdown.
 - client (CLI, launcher, trainer) -> orchestrator (DEALER -> ROUTER): StatusRequest -> StatusReply,
   Shutdown.
-- proxy <-> gateway (DEALER -> ROUTER over ipc): ProxyHello, OpenSession, CloseSession,
-  SessionClosed, CallRecord, Heartbeat.
+- proxy <-> gateway (DEALER -> ROUTER over ipc): ProxyHello, OpenSession -> SessionOpened,
+  CloseSession -> SessionClosed, CallRecord, Heartbeat.
 
 Both ends of a link send Heartbeat every `heartbeat_s`; `Liveness` tells when a peer has gone silent.
 """
@@ -128,6 +128,12 @@ class OpenSession(Message):
     token: str
 
 
+class SessionOpened(Message):
+    """The proxy now accepts the session's token (the gateway starts the harness after this)."""
+
+    session_id: str
+
+
 class CloseSession(Message):
     """Stop accepting calls for this session; answer SessionClosed once its records are sent."""
 
@@ -173,6 +179,7 @@ AnyMessage = Union[
     StatusReply,
     ProxyHello,
     OpenSession,
+    SessionOpened,
     CloseSession,
     SessionClosed,
     CallRecord,

@@ -1,0 +1,195 @@
+"""Real processes for proxy tests: proxies, and a gateway played by the test.
+
+`FakeGateway` owns a real ZeroMQ ROUTER bound on ipc in a thread: it heartbeats the proxy (unless
+`beating` is cleared), counts its heartbeats, and queues every other message for `expect`.
+`start_proxy` runs `polar-hpc proxy` and returns once its ready file names its URL.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import zmq
+
+from polar_hpc import wire
+
+BIN = Path(sys.executable).parent
+MODEL = "polar-scripted"
+
+
+def wait_ready(proc: subprocess.Popen, ready: Path, timeout: float = 15.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode} before it was ready")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{proc.args} not ready after {timeout}s")
+        time.sleep(0.02)
+    return json.loads(ready.read_text())["url"]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class FakeGateway:
+    def __init__(self, path: Path) -> None:
+        self.endpoint = f"ipc://{path}"
+        self.beating = threading.Event()
+        self.beating.set()
+        self.heartbeats: list[wire.Heartbeat] = []
+        self._inbox: queue.Queue = queue.Queue()
+        self._outbox: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.bind(self.endpoint)
+        self._peer: bytes | None = None
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        last_beat = 0.0
+        beat = wire.encode(wire.Heartbeat("gateway", 0.0))
+        while not self._done.is_set():
+            if self._sock.poll(20):
+                self._peer, data = self._sock.recv_multipart()
+                message = wire.decode(data)
+                if isinstance(message, wire.Heartbeat):
+                    self.heartbeats.append(message)
+                else:
+                    self._inbox.put(message)
+            while self._peer is not None and not self._outbox.empty():
+                self._sock.send_multipart([self._peer, wire.encode(self._outbox.get())])
+            due = time.monotonic() - last_beat > 0.2
+            if self._peer is not None and self.beating.is_set() and due:
+                self._sock.send_multipart([self._peer, beat])
+                last_beat = time.monotonic()
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+    def send(self, message: wire.Message) -> None:
+        self._outbox.put(message)
+
+    def next(self, timeout: float = 10.0) -> wire.Message:
+        return self._inbox.get(timeout=timeout)
+
+    def expect(self, cls: type, timeout: float = 10.0):
+        message = self.next(timeout)
+        assert isinstance(message, cls), f"expected {cls.__name__}, got {message!r}"
+        return message
+
+    def open(self, session_id: str, token: str) -> None:
+        """Open a session and return once the proxy has acknowledged it."""
+        self.send(wire.OpenSession(session_id=session_id, token=token))
+        assert self.expect(wire.SessionOpened) == wire.SessionOpened(session_id)
+
+    def quiet(self, seconds: float) -> None:
+        """Assert no message other than heartbeats arrives for `seconds`."""
+        try:
+            message = self._inbox.get(timeout=seconds)
+        except queue.Empty:
+            return
+        raise AssertionError(f"unexpected message {message!r}")
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)
+
+
+class Proxy:
+    def __init__(self, proc: subprocess.Popen, url: str, gateway: FakeGateway) -> None:
+        self.proc, self.url, self.gateway = proc, url, gateway
+        self.base_url = url + "/v1"
+
+
+def start_proxy(
+    tmp: Path, gateway: FakeGateway, engine_url: str, name: str = "p", **flags: object
+) -> Proxy:
+    ready = tmp / f"{name}.ready.json"
+    args = [sys.executable, "-m", "polar_hpc", "proxy", "--gateway", gateway.endpoint,
+            "--engine-url", engine_url, "--ready-file", str(ready), "--model", MODEL,
+            "--proxy-id", name]
+    for key, value in flags.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    proc = subprocess.Popen(args, stderr=open(tmp / f"{name}.log", "w"))
+    url = wait_ready(proc, ready)
+    hello = gateway.expect(wire.ProxyHello)
+    assert hello == wire.ProxyHello(proxy_id=name, url=url)
+    return Proxy(proc, url, gateway)
+
+
+def sample_for(log: Path, rid: str) -> dict:
+    """The engine's own sample-log line for the response id `rid`."""
+    for line in log.read_text().splitlines():
+        entry = json.loads(line)
+        if entry["rid"] == rid:
+            return entry
+    raise AssertionError(f"engine logged no sample {rid}")
+
+
+class FakeEngine:
+    """A stand-in engine on a real socket; every POST is answered according to `mode`:
+    "hang" never answers and sets `aborted` once the proxy drops the connection; "error" answers
+    HTTP 500; "bare" answers a chat.completion without token ids; "drop" closes the connection."""
+
+    def __init__(self) -> None:
+        self.mode = "hang"
+        self.received = threading.Event()
+        self.aborted = threading.Event()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = "http://127.0.0.1:%d" % self._server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as f:
+            while True:
+                head = [f.readline()]
+                while head[-1] not in (b"\r\n", b""):
+                    head.append(f.readline())
+                if head[-1] == b"":
+                    return
+                sizes = [h.split(b":")[1] for h in head if h.lower().startswith(b"content-length")]
+                length = int(sizes[0])
+                f.read(length)
+                self.received.set()
+                if self.mode == "hang":
+                    while conn.recv(1):
+                        pass
+                    self.aborted.set()
+                    return
+                if self.mode == "drop":
+                    return
+                status, body = (500, {"message": "boom"}) if self.mode == "error" else (200, {
+                    "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "hi"}}],
+                })
+                data = json.dumps(body).encode()
+                conn.sendall(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (status, len(data), data))
+
+    def close(self) -> None:
+        self._server.close()
