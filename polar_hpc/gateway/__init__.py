@@ -1,0 +1,1 @@
+"""Gateway: runs sessions on one node (sandboxes, harnesses, the proxy) and writes shards."""

@@ -1,0 +1,200 @@
+"""A gateway's session pipeline: bounded INIT -> READY -> RUN -> POSTRUN stages.
+
+Each session is one coroutine that moves through the stages by taking the next stage's slot before
+giving up its current one, so a full stage holds the sessions behind it (backpressure) and a
+session waiting in READY already has a started, prepared sandbox. Leaving INIT returns one credit
+to the orchestrator. The session's deadline (set at dispatch) bounds INIT, the READY wait and RUN;
+POSTRUN always runs, so the calls captured so far become a trajectory whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from polar_hpc import wire
+from polar_hpc.config import PoolConfig, Task
+from polar_hpc.harness import shell
+from polar_hpc.sandbox import Sandbox, SandboxError
+from polar_hpc.shards.writer import ShardWriter
+from polar_hpc.trajectory.builders import build
+from polar_hpc.trajectory.evaluators import evaluate
+from polar_hpc.trajectory.model import Trajectory
+
+STDERR_TAIL = 4000
+
+
+class ProxyLink:
+    """What the pipeline needs of its proxy: open a session, close it and collect its records."""
+
+    url: str
+
+    async def open(self, session_id: str, token: str) -> None: ...
+
+    async def close(self, session_id: str) -> list[wire.CallRecord]: ...
+
+
+@dataclass
+class _Outcome:
+    status: str = "completed"
+    error: str | None = None
+    metadata: dict = field(default_factory=dict)
+    marks: dict[str, float] = field(default_factory=dict)  # stage -> unix time it was entered
+
+    def timings(self, t_end: float) -> dict[str, float]:
+        """Seconds spent in each stage the session went through (harness = RUN)."""
+        order = [(k, t) for k, t in self.marks.items()] + [("END", t_end)]
+        return {f"{k.lower()}_s": round(t2 - t1, 6) for (k, t1), (_, t2) in zip(order, order[1:])}
+
+
+class Pipeline:
+    def __init__(
+        self,
+        pools: PoolConfig,
+        sandbox_cls: type[Sandbox],
+        tmp_root: Path,
+        proxy: ProxyLink,
+        writer: ShardWriter,
+        send: Callable[[wire.Message], None],
+    ) -> None:
+        self.pools = pools
+        self.sandbox_cls = sandbox_cls
+        self.tmp_root = tmp_root
+        self.proxy = proxy
+        self.writer = writer
+        self.send = send
+        self._stage = {
+            "INIT": asyncio.Semaphore(pools.init),
+            "READY": asyncio.Semaphore(pools.ready),
+            "RUN": asyncio.Semaphore(pools.run),
+            "POSTRUN": asyncio.Semaphore(pools.postrun),
+        }
+        self.sessions: dict[str, asyncio.Task] = {}
+
+    def assign(self, spec: wire.SessionSpec) -> None:
+        task = asyncio.create_task(self._session(spec), name=spec.session_id)
+        self.sessions[spec.session_id] = task
+        task.add_done_callback(lambda _: self.sessions.pop(spec.session_id, None))
+
+    def cancel(self, session_id: str) -> None:
+        if session_id in self.sessions:
+            self.sessions[session_id].cancel()
+
+    async def drain(self) -> None:
+        """Cancel every session and wait until each has written its trajectory."""
+        for t in list(self.sessions.values()):
+            t.cancel()
+        await asyncio.gather(*self.sessions.values(), return_exceptions=True)
+
+    async def _session(self, spec: wire.SessionSpec) -> None:
+        task = Task.model_validate(spec.task)
+        sid = spec.session_id
+        sandbox = self.sandbox_cls(
+            self.tmp_root / secrets.token_hex(8), task.sandbox.files, task.sandbox.prepare, task.sandbox.network
+        )
+        t_start = time.time()
+        outcome = _Outcome()
+        holding = ["INIT"]
+        await self._stage["INIT"].acquire()
+        try:
+            await self._before_postrun(spec, task, sandbox, holding, outcome)
+        except asyncio.CancelledError:
+            asyncio.current_task().uncancel()  # cancelled sessions still write what they captured
+            outcome.status = "cancelled"
+        finally:
+            for stage in holding:
+                self._release(stage)
+        async with self._stage["POSTRUN"]:
+            self._update(sid, "POSTRUN", outcome)
+            await self._postrun(spec, task, sandbox, outcome, t_start)
+
+    async def _before_postrun(self, spec, task, sandbox, holding, outcome) -> None:
+        sid = spec.session_id
+        token = secrets.token_urlsafe(24)
+        try:
+            async with asyncio.timeout(spec.deadline - time.time()):
+                self._update(sid, "INIT", outcome)
+                await sandbox.start()
+                await self.proxy.open(sid, token)
+                await self._move(holding, "READY")
+                self._update(sid, "READY", outcome)
+                await self._move(holding, "RUN")
+            self._update(sid, "RUN", outcome)
+            env = shell.environment(task, self.proxy.url, token, sid, sandbox.workspace)
+            result = await sandbox.exec(task.harness.command, env, spec.deadline - time.time())
+            outcome.marks["WAIT"] = time.time()  # harness ended; POSTRUN slot not yet taken
+        except TimeoutError:
+            outcome.status = "timeout"
+            return
+        except SandboxError as e:
+            outcome.status, outcome.error = "error", str(e)
+            return
+        if result.timed_out:
+            outcome.status = "timeout"
+        elif result.returncode != 0:
+            outcome.status = "error"
+            outcome.error = f"harness exited with code {result.returncode}"
+        outcome.metadata["exit_code"] = result.returncode
+        outcome.metadata["stderr_tail"] = result.stderr[-STDERR_TAIL:].decode(errors="replace")
+
+    async def _move(self, holding: list[str], stage: str) -> None:
+        """Take a slot in `stage`, then give up the current one (READY of size 0 is skipped)."""
+        if self.pools.ready == 0 and stage == "READY":
+            return
+        await self._stage[stage].acquire()
+        self._release(holding.pop())
+        holding.append(stage)
+
+    def _release(self, stage: str) -> None:
+        self._stage[stage].release()
+        if stage == "INIT":
+            self.send(wire.Credit(n=1))
+
+    async def _postrun(self, spec, task: Task, sandbox: Sandbox, outcome: _Outcome, t_start: float) -> None:
+        records = await self.proxy.close(spec.session_id)
+        traces, metadata = build(records, task.builder)
+        metadata |= outcome.metadata
+        if outcome.error:
+            metadata["error"] = outcome.error
+        reward = None
+        if outcome.status == "completed" and task.evaluator is not None:
+            evaluation = await evaluate(task.evaluator, sandbox, records)
+            reward = evaluation.reward
+            metadata["evaluation"] = evaluation.detail
+        if not await sandbox.stop():
+            metadata["untrainable"] = "sandbox teardown could not verify that no process survived"
+        t_end = time.time()
+        metadata["timings"] = outcome.timings(t_end)
+        trajectory = Trajectory(
+            session_id=spec.session_id,
+            task_id=task.id,
+            sample_index=spec.sample_index,
+            attempt=spec.attempt,
+            status=outcome.status,
+            reward=reward,
+            traces=traces,
+            metadata=metadata,
+            t_start=t_start,
+            t_end=t_end,
+        )
+        shard = self.writer.append(trajectory)
+        self.send(
+            wire.Result(
+                session_id=spec.session_id,
+                status=outcome.status,
+                reward=reward,
+                n_calls=len(records),
+                n_traces=len(traces),
+                n_tokens=sum(len(t.prompt_ids) + len(t.response_ids) for t in traces),
+                shard=shard,
+                error=outcome.error,
+            )
+        )
+
+    def _update(self, session_id: str, state: str, outcome: _Outcome) -> None:
+        t = outcome.marks[state] = time.time()
+        self.send(wire.SessionUpdate(session_id=session_id, state=state, t=t))

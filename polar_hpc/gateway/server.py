@@ -1,0 +1,197 @@
+"""The gateway process (`polar-hpc gateway`): one per CPU node.
+
+Starts its proxy as a child process (linked over ZeroMQ ipc), connects to the orchestrator
+(DEALER), announces itself, asks for work with credits and runs the sessions it is assigned through
+the pipeline, writing trajectories to its own shard writer. Heartbeats both links; exits when the
+orchestrator says Shutdown or goes silent (its sessions are then cancelled and written as such).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from polar_hpc import procs, wire
+from polar_hpc.config import Topology, load_topology
+from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
+from polar_hpc.sandbox import backend
+from polar_hpc.shards.writer import ShardWriter
+
+log = logging.getLogger("polar_hpc.gateway")
+
+
+@dataclass
+class GatewayOptions:
+    run_dir: Path
+    orchestrator: str
+    engine_url: str
+    gateway_id: str
+    tmp_dir: Path | None = None
+
+
+class ProxyChannel(ProxyLink):
+    """The gateway's end of the proxy link (ROUTER over ipc)."""
+
+    def __init__(self, sock: zmq.asyncio.Socket) -> None:
+        self.sock = sock
+        self.identity: bytes | None = None
+        self.url = ""
+        self.hello = asyncio.Event()
+        self.records: dict[str, list[wire.CallRecord]] = defaultdict(list)
+        self._opened: dict[str, asyncio.Future] = {}
+        self._closed: dict[str, asyncio.Future] = {}
+
+    def on_message(self, identity: bytes, msg: wire.AnyMessage) -> None:
+        if isinstance(msg, wire.CallRecord):
+            self.records[msg.session_id].append(msg)
+        elif isinstance(msg, (wire.SessionOpened, wire.SessionClosed)):
+            waiting = self._opened if isinstance(msg, wire.SessionOpened) else self._closed
+            fut = waiting.pop(msg.session_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        elif isinstance(msg, wire.ProxyHello):
+            self.identity, self.url = identity, msg.url
+            self.hello.set()
+
+    def send(self, msg: wire.Message) -> None:
+        self.sock.send_multipart([self.identity, wire.encode(msg)])
+
+    async def open(self, session_id: str, token: str) -> None:
+        """Returns once the proxy accepts the token, so the harness's first call cannot race it."""
+        await self._ask(self._opened, session_id, wire.OpenSession(session_id=session_id, token=token))
+
+    async def close(self, session_id: str) -> list[wire.CallRecord]:
+        """Every record of the session: the proxy sends SessionClosed after the last one."""
+        try:
+            await self._ask(self._closed, session_id, wire.CloseSession(session_id=session_id))
+        except TimeoutError:
+            log.error("proxy did not close session %s in 30 s; keeping the records received", session_id)
+        return self.records.pop(session_id, [])
+
+    async def _ask(self, waiting: dict, session_id: str, msg: wire.Message) -> None:
+        fut = waiting[session_id] = asyncio.get_running_loop().create_future()
+        self.send(msg)
+        await asyncio.wait_for(fut, 30.0)
+
+
+def serve(opts: GatewayOptions) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return asyncio.run(_Gateway(opts).run())
+
+
+class _Gateway:
+    def __init__(self, opts: GatewayOptions) -> None:
+        self.opts = opts
+        self.topology: Topology = load_topology(opts.run_dir / "topology.yaml")
+        self.ctx = zmq.asyncio.Context()
+        self.stopping = asyncio.Event()
+        self.exit_code = 0
+
+    async def run(self) -> int:
+        opts, gw = self.opts, self.topology.gateway
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            asyncio.get_running_loop().add_signal_handler(sig, self.stopping.set)
+        sandbox_cls, warning = backend(self.topology.sandbox.backend)
+        if warning:
+            log.warning(warning)
+        tmp_root = Path(tempfile.mkdtemp(prefix=f"polar-{opts.gateway_id}-", dir=opts.tmp_dir))
+        proxy_sock = self.ctx.socket(zmq.ROUTER)
+        proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
+        proxy_sock.bind(proxy_endpoint)
+        self.proxy = ProxyChannel(proxy_sock)
+        proxy_proc = self._start_proxy(proxy_endpoint)
+        self.orch = self.ctx.socket(zmq.DEALER)
+        self.orch.connect(opts.orchestrator)
+        self.writer = ShardWriter(opts.run_dir / "shards", opts.gateway_id, gw.shard_max_bytes, gw.shard_max_age_s)
+        self.pipeline = Pipeline(gw.pools, sandbox_cls, tmp_root, self.proxy, self.writer, self._to_orchestrator)
+        self.liveness = wire.Liveness(gw.peer_timeout_s)
+        loops = [
+            asyncio.create_task(self._recv(proxy_sock, self._from_proxy)),
+            asyncio.create_task(self._recv(self.orch, self._from_orchestrator)),
+        ]
+        try:
+            await self._wait_for_proxy(proxy_proc)
+            self._to_orchestrator(wire.Hello(gateway_id=opts.gateway_id, host=socket.gethostname(), slots=gw.pools.run))
+            self._to_orchestrator(wire.Credit(n=gw.pools.init))
+            self.liveness.heard("orchestrator")
+            self.liveness.heard("proxy")
+            loops.append(asyncio.create_task(self._tick(proxy_proc)))
+            await self.stopping.wait()
+        finally:
+            await self.pipeline.drain()
+            self.writer.close()
+            if self.proxy.identity is not None:
+                self.proxy.send(wire.Shutdown(reason="gateway stopping"))
+            for t in loops:
+                t.cancel()
+            procs.stop([proxy_proc])
+            self.ctx.destroy(linger=500)
+        return self.exit_code
+
+    def _start_proxy(self, endpoint: str):
+        opts, topo = self.opts, self.topology
+        node = socket.gethostname()
+        args = ["proxy", "--gateway", endpoint, "--engine-url", opts.engine_url, "--port", str(topo.proxy.port)]
+        args += ["--model", topo.engine.model, "--proxy-id", f"{opts.gateway_id}-proxy"]
+        args += ["--heartbeat-s", str(topo.gateway.heartbeat_s), "--peer-timeout-s", str(topo.gateway.peer_timeout_s)]
+        return procs.spawn("proxy", args, opts.run_dir / "logs" / f"proxy-{node}-{opts.gateway_id}.log")
+
+    async def _wait_for_proxy(self, proxy_proc) -> None:
+        deadline = time.monotonic() + 60
+        while not self.proxy.hello.is_set():
+            proxy_proc.check()
+            if time.monotonic() > deadline:
+                raise procs.ChildFailed(f"proxy not ready after 60 s:\n{proxy_proc.tail()}")
+            await asyncio.sleep(0.02)
+        log.info("proxy serving harnesses at %s", self.proxy.url)
+
+    async def _recv(self, sock: zmq.asyncio.Socket, handle) -> None:
+        while True:
+            frames = await sock.recv_multipart()
+            try:
+                msg = wire.decode(frames[-1])
+            except Exception as e:  # a malformed message is logged, never fatal
+                log.error("undecodable message: %s", e)
+                continue
+            handle(frames[0] if len(frames) > 1 else b"", msg)
+
+    def _from_proxy(self, identity: bytes, msg: wire.AnyMessage) -> None:
+        self.liveness.heard("proxy")
+        self.proxy.on_message(identity, msg)
+
+    def _from_orchestrator(self, _identity: bytes, msg: wire.AnyMessage) -> None:
+        self.liveness.heard("orchestrator")
+        if isinstance(msg, wire.Assign):
+            self.pipeline.assign(msg.session)
+        elif isinstance(msg, wire.Cancel):
+            self.pipeline.cancel(msg.session_id)
+        elif isinstance(msg, wire.Shutdown):
+            log.info("shutdown requested: %s", msg.reason)
+            self.stopping.set()
+
+    def _to_orchestrator(self, msg: wire.Message) -> None:
+        self.orch.send(wire.encode(msg))
+
+    async def _tick(self, proxy_proc) -> None:
+        hb = self.topology.gateway.heartbeat_s
+        while not self.stopping.is_set():
+            beat = wire.Heartbeat(sender=self.opts.gateway_id, t=time.time())
+            self._to_orchestrator(beat)
+            self.proxy.send(beat)
+            self.writer.maybe_roll()
+            lost = self.liveness.lost()
+            if lost or proxy_proc.proc.poll() is not None:
+                log.error("lost contact with %s; stopping", ", ".join(lost) or "proxy (exited)")
+                self.exit_code = 1
+                self.stopping.set()
+            await asyncio.sleep(hb)
