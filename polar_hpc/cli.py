@@ -104,7 +104,7 @@ def shards_show(
     json_lines: bool = typer.Option(False, "--json", help="One JSON object per trajectory per line."),
 ) -> None:
     """Print the trajectories of a run as a table (or JSON lines)."""
-    from polar_hpc.launch.shards_view import show
+    from polar_hpc.shards.table import show
 
     _guard(lambda: show(run_dir, json_lines))
 

@@ -1,0 +1,1 @@
+"""Launchers: `polar-hpc run` on this machine (local); Slurm comes next."""

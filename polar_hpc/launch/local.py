@@ -1,0 +1,137 @@
+"""`polar-hpc run`: the whole job on this machine, as the same processes a cluster runs.
+
+Validates the task file and topology first (nothing is started on bad input), lays out the run
+directory, starts the scripted engine, the orchestrator and one gateway (which starts its proxy),
+shows sessions moving through the pipeline, and when every session has ended shuts the processes
+down and prints a summary read back from the shards. Ctrl-C stops every process; sessions that were
+running are written as `cancelled`, so nothing captured is lost.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+import zmq
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from polar_hpc import procs, wire
+from polar_hpc.config import ConfigError, Topology, load_tasks, load_topology
+from polar_hpc.launch.summary import print_summary
+
+STAGES = ("queued", "INIT", "READY", "RUN", "POSTRUN")
+
+
+@dataclass
+class LocalRun:
+    tasks_path: Path
+    topology_path: Path | None
+    run_dir: Path | None
+
+
+def run_local(spec: LocalRun, console: Console) -> int:
+    tasks = load_tasks(spec.tasks_path)
+    topology = load_topology(spec.topology_path)
+    run_dir = _make_run_dir(spec, topology, tasks[0].id if len(tasks) == 1 else spec.tasks_path.stem)
+    (run_dir / "tasks.jsonl").write_text("".join(t.model_dump_json() + "\n" for t in tasks))
+    (run_dir / "topology.yaml").write_text(
+        yaml.safe_dump(topology.model_dump(mode="json") | {"run_dir": str(run_dir)}, sort_keys=False)
+    )
+    t0 = time.monotonic()
+    children: list[procs.Child] = []
+    interrupted = False
+    try:
+        engine_url = _start_engine(run_dir, topology, spec.topology_path, children)
+        endpoint = _start_orchestrator(run_dir, children)
+        args = ["gateway", "--run-dir", str(run_dir), "--orchestrator", endpoint, "--engine-url", engine_url]
+        children.append(procs.spawn("gateway", args + ["--gateway-id", "local0"], run_dir / "logs" / "gateway-local.log"))
+        _follow(endpoint, children, sum(t.num_samples for t in tasks), console)
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("[yellow]interrupted: stopping every process[/yellow]")
+    finally:
+        procs.stop(children, grace_s=15.0)
+    print_summary(run_dir, time.monotonic() - t0, console)
+    return 130 if interrupted else 0
+
+
+def _make_run_dir(spec: LocalRun, topology: Topology, name: str) -> Path:
+    chosen = spec.run_dir or (Path(topology.run_dir) if topology.run_dir else None)
+    run_dir = chosen or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    run_dir = run_dir.resolve()
+    if (run_dir / "tasks.jsonl").exists():
+        raise ConfigError(f"--run-dir {run_dir}: already holds a run; choose a new folder")
+    for sub in ("logs", "shards", "journal"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    run_dir.chmod(0o700)
+    return run_dir
+
+
+def _start_engine(run_dir: Path, topology: Topology, topology_path: Path | None, children: list) -> str:
+    engine = topology.engine
+    if engine.kind != "scripted":
+        raise ConfigError(f"{topology_path}: engine.kind: 'polar-hpc run' runs the scripted engine only")
+    ready = run_dir / ".engine.ready"
+    args = ["engine", "--kind", "scripted", "--port", "0", "--ready-file", str(ready)]
+    args += ["--model-name", engine.model, "--weight-version", engine.weight_version]
+    args += ["--token-delay-ms", str(engine.token_delay_ms)]
+    if engine.script:
+        base = topology_path.parent if topology_path else Path.cwd()
+        args += ["--script", str((base / engine.script).resolve())]
+    if engine.sample_log:
+        args += ["--sample-log", str(run_dir / "logs" / "engine-samples.jsonl")]
+    children.append(procs.spawn("engine", args, run_dir / "logs" / "engine-local.log"))
+    return procs.wait_ready(children[-1], ready)["url"]
+
+
+def _start_orchestrator(run_dir: Path, children: list) -> str:
+    log = run_dir / "logs" / "orchestrator.log"
+    children.append(procs.spawn("orchestrator", ["orchestrator", "--run-dir", str(run_dir)], log))
+    return procs.wait_ready(children[-1], run_dir / "rendezvous.json")["endpoint"]
+
+
+def _follow(endpoint: str, children: list[procs.Child], total: int, console: Console) -> None:
+    """Poll the orchestrator's status until every session has ended; then ask it to shut down."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(endpoint)
+    columns = [TextColumn("sessions"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stages]}"),
+               TimeElapsedColumn()]
+    try:
+        with Progress(*columns, console=console, transient=False) as progress:
+            bar = progress.add_task("sessions", total=total, stages="")
+            while True:
+                status = _status(sock, children)
+                ended = status.total - sum(status.states.get(s, 0) for s in STAGES + ("assigned",))
+                stages = "  ".join(f"{s} {status.states.get(s, 0)}" for s in STAGES[1:])
+                progress.update(bar, completed=ended, stages=stages)
+                if status.done:
+                    break
+                time.sleep(0.2)
+        sock.send(wire.encode(wire.Shutdown(reason="all sessions ended")))
+        for child in children[1:]:  # orchestrator and gateway exit on their own; the engine is stopped
+            _wait_exit(child.proc, 30.0)
+    finally:
+        sock.close()
+
+
+def _status(sock: zmq.Socket, children: list[procs.Child]) -> wire.StatusReply:
+    sock.send(wire.encode(wire.StatusRequest()))
+    while not sock.poll(500):
+        for child in children:
+            child.check()
+    reply = wire.decode(sock.recv())
+    assert isinstance(reply, wire.StatusReply)
+    return reply
+
+
+def _wait_exit(p: subprocess.Popen, timeout_s: float) -> None:
+    try:
+        p.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
