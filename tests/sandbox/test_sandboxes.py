@@ -79,11 +79,12 @@ def test_timeout_kills_the_whole_tree(cls, tmp_path: Path) -> None:
 def test_bwrap_isolation(tmp_path: Path) -> None:
     host_file = Path("/tmp") / f"polar-host-{os.getpid()}"
     host_file.write_text("host")
+    inner = f"polar-inner-{os.getpid()}"
     async def go():
         sb = BwrapSandbox(tmp_path / "sb", {}, [], "none")
         await sb.start()
         ro = await sb.exec("touch /usr/polar-escape", {}, 10)
-        tmp = await sb.exec(f"touch /tmp/x && ls /tmp/x /tmp/{host_file.name}", {}, 10)
+        tmp = await sb.exec(f"touch /tmp/{inner} && ls /tmp/{inner} /tmp/{host_file.name}", {}, 10)
         net = await sb.exec("cat /proc/net/dev", {}, 10)
         pid = await sb.exec("echo $$", {}, 10)
         await sb.stop()
@@ -92,8 +93,8 @@ def test_bwrap_isolation(tmp_path: Path) -> None:
     ro, tmp, net, pid = _run(go())
     host_file.unlink()
     assert ro.returncode != 0 and not Path("/usr/polar-escape").exists()
-    assert tmp.stdout == b"/tmp/x\n" and b"No such file" in tmp.stderr  # private /tmp: the host's is hidden
-    assert not Path("/tmp/x").exists()
+    assert tmp.stdout == f"/tmp/{inner}\n".encode() and b"No such file" in tmp.stderr  # host's /tmp hidden
+    assert not (Path("/tmp") / inner).exists()
     interfaces = [line.split(":")[0].strip() for line in net.stdout.decode().splitlines()[2:]]
     assert interfaces == ["lo"]
     assert int(pid.stdout) < 10  # its own PID namespace
