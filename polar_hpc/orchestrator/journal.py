@@ -1,7 +1,10 @@
 """Append-only journal of session state changes: `<run>/journal/orchestrator.jsonl`.
 
 One JSON object per line, flushed as it is written: {"t", "event", "session", ...}. It is the record
-a requeued job resumes from and the audit trail of every attempt.
+a requeued job resumes from and the audit trail of every attempt. Events: queued, gateway_up,
+assigned, state, result, gateway_lost, requeued. There is at most one `result` per (task, sample):
+`{"event": "result", "session", "task", "sample", "attempt", "status", "reward", "shard"}` names the
+attempt that counts; any other trajectory a gateway wrote for that key is a stray duplicate.
 """
 
 from __future__ import annotations

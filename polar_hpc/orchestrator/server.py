@@ -119,9 +119,11 @@ class Orchestrator:
         elif isinstance(msg, wire.Result):
             if gw is not None:
                 gw.sessions.discard(msg.session_id)
-            if self.table.finish(msg) is not None:
+            s = self.table.finish(msg)
+            if s is not None:  # the first result of a (task, sample): the attempt that counts
                 self.journal.write(
-                    "result", session=msg.session_id, status=msg.status, reward=msg.reward, shard=msg.shard
+                    "result", session=msg.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt,
+                    status=msg.status, reward=msg.reward, shard=msg.shard,
                 )
         elif isinstance(msg, wire.StatusRequest):
             self._send(identity, self.table.status(len(self.gateways)))
