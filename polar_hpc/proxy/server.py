@@ -28,17 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import zmq
+
 import zmq.asyncio
 from aiohttp import web
 
 from polar_hpc import wire
 from polar_hpc.proxy import openai_chat as oc
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
+from polar_hpc.proxy.gateway_link import GatewayLink
 
 log = logging.getLogger("polar_hpc.proxy")
 
-_GATEWAY = "gateway"
 _MAX_BODY = 256 << 20
 
 
@@ -69,44 +69,8 @@ class _Session:
     calls: set[asyncio.Task] = field(default_factory=set)
 
 
-class _GatewayLink:
-    """The DEALER to the gateway; messages leave in the order `send` was called."""
-
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, peer_timeout_s: float) -> None:
-        self._sock = ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 500)
-        self._sock.connect(endpoint)
-        self._outbox: asyncio.Queue[wire.Message | None] = asyncio.Queue()
-        self.liveness = wire.Liveness(peer_timeout_s)
-        self.liveness.heard(_GATEWAY)
-
-    def send(self, message: wire.Message) -> None:
-        self._outbox.put_nowait(message)
-
-    async def pump(self) -> None:
-        """Send queued messages until `close` queues the end marker."""
-        while (message := await self._outbox.get()) is not None:
-            await self._sock.send(wire.encode(message))
-
-    async def recv(self) -> wire.AnyMessage:
-        while True:
-            data = await self._sock.recv()
-            self.liveness.heard(_GATEWAY)
-            try:
-                return wire.decode(data)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                log.warning("ignoring undecodable message from gateway: %s", e)
-
-    async def close(self, pump: asyncio.Task) -> None:
-        """Flush what is queued (briefly), then close the socket."""
-        self._outbox.put_nowait(None)
-        await asyncio.wait([pump], timeout=1.0)
-        pump.cancel()
-        self._sock.close()
-
-
 class _Proxy:
-    def __init__(self, opts: ProxyOptions, engine: EngineClient, link: _GatewayLink) -> None:
+    def __init__(self, opts: ProxyOptions, engine: EngineClient, link: GatewayLink) -> None:
         self.opts = opts
         self.engine = engine
         self.link = link
@@ -268,7 +232,7 @@ async def _run(opts: ProxyOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     ctx = zmq.asyncio.Context()
-    link = _GatewayLink(ctx, opts.gateway, opts.peer_timeout_s)
+    link = GatewayLink(ctx, opts.gateway, opts.peer_timeout_s)
     engine = EngineClient(opts.engine_url)
     proxy = _Proxy(opts, engine, link)
     runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=5)
