@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-
 import zmq.asyncio
 from aiohttp import web
 
