@@ -83,7 +83,7 @@ def gateway(
 @app.command()
 def proxy(
     gateway: str = typer.Option(..., help="The gateway's ipc endpoint."),
-    engine_url: str = typer.Option(..., help="Engine base URL."),
+    engine_url: list[str] = typer.Option(..., help="Engine base URL; repeat for several engines."),
     host: str = typer.Option("127.0.0.1", help="Address harnesses connect to."),
     port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
     ready_file: Optional[Path] = typer.Option(None, help="Write {'url': ...} here once listening."),
@@ -91,11 +91,19 @@ def proxy(
     proxy_id: str = typer.Option("proxy", help="This proxy's name."),
     heartbeat_s: float = typer.Option(1.0, help="Heartbeat period towards the gateway."),
     peer_timeout_s: float = typer.Option(10.0, help="Exit when the gateway is silent this long."),
+    mode: str = typer.Option("tito", help="Capture mode: tito (the proxy renders, /generate) or passthrough."),
+    tokenizer: Optional[str] = typer.Option(None, help="tito: model folder with the tokenizer (default: the engine's)."),
+    tool_parser: str = typer.Option("auto", help="tito: tool-call format: auto, hermes or qwen3_coder."),
+    strict_model: bool = typer.Option(False, help="Refuse (404) requests naming another model."),
 ) -> None:
-    """Serve LLM APIs to harnesses from the engine, recording every call (started by the gateway)."""
+    """Serve LLM APIs to harnesses from the engines, recording every call (started by the gateway)."""
     from polar_hpc.proxy.server import ProxyOptions, serve
 
-    serve(ProxyOptions(gateway, engine_url, host, port, ready_file, model, proxy_id, heartbeat_s, peer_timeout_s))
+    opts = ProxyOptions(
+        gateway, tuple(engine_url), host, port, ready_file, model, proxy_id, heartbeat_s,
+        peer_timeout_s, mode, tokenizer, tool_parser, strict_model,
+    )
+    raise typer.Exit(_guard(lambda: serve(opts)))
 
 
 @shards_app.command("show")

@@ -54,8 +54,11 @@ class GatewayConfig(_Model):
 
 
 class ProxyConfig(_Model):
-    mode: Literal["passthrough"] = "passthrough"
+    mode: Literal["tito", "passthrough"] = "tito"  # tito: the proxy renders; passthrough: the engine
     port: int = Field(0, ge=0, le=65535)
+    tokenizer: str | None = None  # tito: model folder (default: the engine's tokenizer_path)
+    tool_parser: Literal["auto", "hermes", "qwen3_coder"] = "auto"
+    strict_model: bool = False  # refuse requests naming another model (default: serve ours)
 
 
 class SandboxConfig(_Model):

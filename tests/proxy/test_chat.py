@@ -53,7 +53,7 @@ def calls(message) -> list[tuple]:
 
 
 def check_record(record: wire.CallRecord, log, session_id: str, index: int, stream: bool) -> None:
-    sample = sample_for(log, record.response["id"])
+    sample = sample_for(log, record.meta["rid"])
     assert record.session_id == session_id and record.call_index == index
     assert record.api == "openai_chat" and record.stream is stream
     assert record.prompt_ids == sample["input_ids"]

@@ -26,7 +26,8 @@ def fake_engine():
 @pytest.fixture
 def fake_proxy(short_tmp, gateway, fake_engine):
     p = start_proxy(
-        short_tmp, gateway, fake_engine.url, name="fp", heartbeat_s=0.1, peer_timeout_s=1
+        short_tmp, gateway, fake_engine.url, name="fp", heartbeat_s=0.1, peer_timeout_s=1,
+        mode="passthrough",  # the fake engine answers only the chat route
     )
     yield p
     if p.proc.poll() is None:
