@@ -2,7 +2,7 @@
 
 `serve(ProxyOptions)` blocks until the gateway sends Shutdown, stays silent for `peer_timeout_s`,
 or the process gets SIGTERM/SIGINT; it then cancels in-flight calls, closes the HTTP server and
-returns. A tokenizer that cannot be loaded (tito mode) raises ConfigError before it listens.
+returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError before it listens.
 
 - Once listening it writes `{"url": "http://HOST:PORT"}` to `ready_file` (tmp + os.replace).
 - Gateway link (`gateway_link`): ProxyHello first, Heartbeat every `heartbeat_s`, one CallRecord
@@ -15,8 +15,8 @@ returns. A tokenizer that cannot be loaded (tito mode) raises ConfigError before
   /v1/messages (`anthropic`), each streaming or not, errors in the API's own shape; GET /v1/models
   (no key needed). A body naming another model is answered by the run's model, or refused (404)
   with `strict_model`.
-- Capture: `mode` tito (`tito.Tito`: the proxy renders with the model's tokenizer, found in
-  `tokenizer` or at the engine's /get_model_info `tokenizer_path`) or passthrough
+- Capture: `mode` tito (`tito.Tito`: the proxy renders with the model's tokenizer, from
+  `tokenizer` or, at the first call, the engine's /get_model_info `tokenizer_path`) or passthrough
   (`passthrough.Passthrough`); engines chosen by `routing.Router`.
 """
 
@@ -47,7 +47,6 @@ from polar_hpc.proxy.gateway_link import GatewayLink
 from polar_hpc.proxy.passthrough import Passthrough
 from polar_hpc.proxy.routing import Router
 from polar_hpc.proxy.tito import Renderer, Tito
-from polar_hpc.proxy.tool_parsers import parser_for
 
 log = logging.getLogger("polar_hpc.proxy")
 
@@ -267,40 +266,16 @@ def _write_ready(path: Path, url: str) -> None:
     os.replace(tmp, path)
 
 
-async def _engine_facts(router: Router) -> tuple[str | None, int]:
-    """(tokenizer path, context length) from the first engine that answers within 30 s."""
-    deadline = time.monotonic() + 30
-    while True:
-        for url in router.urls:
-            client = router.client(url)
-            try:
-                info = await client.get_json("/get_model_info")
-                models = await client.get_json("/v1/models")
-            except EngineError:
-                continue
-            cards = models.get("data") or [{}]
-            return info.get("tokenizer_path"), int(cards[0].get("max_model_len") or 32768)
-        if time.monotonic() > deadline:
-            raise ConfigError(f"no engine answered /get_model_info in 30 s ({', '.join(router.urls)})")
-        await asyncio.sleep(0.5)
-
-
-async def _capture_mode(opts: ProxyOptions, router: Router):
+def _capture_mode(opts: ProxyOptions, router: Router):
     if opts.mode == "passthrough":
         return Passthrough(router, opts.model)
     if opts.mode != "tito":
         raise ConfigError(f"proxy mode {opts.mode!r} is not known (tito, passthrough)")
-    folder, context_length = await _engine_facts(router)
-    folder = opts.tokenizer or folder
-    if not folder:
-        raise ConfigError("tito mode needs the model's tokenizer: give --tokenizer")
     try:
-        renderer = await asyncio.to_thread(Renderer, folder)
-        parser = parser_for(opts.tool_parser, renderer.chat_template)
+        renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
+        return Tito(renderer, opts.tool_parser, router)
     except ValueError as e:
         raise ConfigError(f"proxy: {e}") from None
-    log.info("tito: tokenizer %s, tool parser %s, context %d", folder, parser.name, context_length)
-    return Tito(renderer, parser, router, context_length)
 
 
 async def _run(opts: ProxyOptions) -> None:
@@ -308,12 +283,7 @@ async def _run(opts: ProxyOptions) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    router = Router(list(opts.engine_urls))
-    try:
-        mode = await _capture_mode(opts, router)
-    except BaseException:
-        await router.close()
-        raise
+    mode = _capture_mode(opts, router := Router(list(opts.engine_urls)))
     ctx = zmq.asyncio.Context()
     link = GatewayLink(ctx, opts.gateway, opts.peer_timeout_s)
     proxy = _Proxy(opts, router, mode, link)

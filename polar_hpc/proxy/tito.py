@@ -2,7 +2,7 @@
 
 `Renderer(folder)` is the model's own tokenizer and chat template (transformers'
 `AutoTokenizer` + `apply_chat_template`, tools included), loaded from a local folder.
-`Tito(renderer, parser, router, context_length)`: `await answer(session, call, emit)` renders
+`Tito(renderer, tool_parser, router)`: `await answer(session, call, emit)` renders
 the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
 `stream`, awaits `emit(text)` for each piece of content as tokens arrive (tool-call text is held
 back and parsed once complete), and returns the `Outcome`.
@@ -17,7 +17,9 @@ chain a call extends, or why it starts a new one.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -27,7 +29,9 @@ from typing import Any
 from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, same_message
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
-from polar_hpc.proxy.tool_parsers import ToolParser
+from polar_hpc.proxy.tool_parsers import parser_for
+
+log = logging.getLogger("polar_hpc.proxy")
 
 MAX_CHAINS = 16
 
@@ -58,6 +62,12 @@ class Renderer:
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
+
+
+async def _engine_facts(client: EngineClient) -> tuple[str | None, int]:
+    info = await client.get_json("/get_model_info")
+    cards = (await client.get_json("/v1/models")).get("data") or [{}]
+    return info.get("tokenizer_path"), int(cards[0].get("max_model_len") or 32768)
 
 
 def _generation_eos(folder: Path) -> list[int]:
@@ -147,12 +157,31 @@ class Chains:
 
 
 class Tito:
-    def __init__(
-        self, renderer: Renderer, parser: ToolParser, router: Router, context_length: int
-    ) -> None:
-        self.renderer, self.parser, self.router = renderer, parser, router
-        self.context_length = context_length
+    """`renderer` may be None: then the engine's tokenizer and context length are looked up on
+    the first call (`/get_model_info` `tokenizer_path`, `/v1/models` `max_model_len`)."""
+
+    def __init__(self, renderer: Renderer | None, parser_name: str, router: Router) -> None:
+        self.renderer, self.parser_name, self.router = renderer, parser_name, router
+        self.parser = parser_for(parser_name, renderer.chat_template) if renderer else None
+        self.context_length: int | None = None
+        self._setup = asyncio.Lock()
         self._chains: dict[str, Chains] = {}
+
+    async def _prepare(self, session_id: str) -> None:
+        async with self._setup:
+            if self.renderer is not None and self.context_length is not None:
+                return
+            (folder, self.context_length), _ = await self.router.attempt(session_id, _engine_facts)
+            if self.renderer is None:
+                if not folder:
+                    raise EngineError(502, "the engine names no tokenizer_path; give the proxy --tokenizer")
+                try:
+                    self.renderer = await asyncio.to_thread(Renderer, folder)
+                except ValueError as e:
+                    raise EngineError(502, str(e)) from None
+                self.parser = parser_for(self.parser_name, self.renderer.chat_template)
+            log.info("tito: tokenizer %s, tool parser %s, context %d",
+                     self.renderer.folder, self.parser.name, self.context_length)
 
     def forget(self, session_id: str) -> None:
         self._chains.pop(session_id, None)
@@ -160,6 +189,7 @@ class Tito:
     async def answer(
         self, session_id: str, call: Call, emit: Callable[[str], Awaitable[None]]
     ) -> Outcome:
+        await self._prepare(session_id)
         chains = self._chains.setdefault(session_id, Chains())
         prompt_ids, chain, why = chains.prompt(self.renderer, call)
         budget = call.max_tokens
