@@ -45,6 +45,7 @@ def gateway(short_tmp: Path):
 def proxy(request, short_tmp: Path, gateway: FakeGateway, engine) -> Proxy:
     """A proxy in each capture mode."""
     p = start_proxy(short_tmp, gateway, engine[0], mode=request.param)
+    p.mode = request.param
     yield p
     stop(p.proc)
     assert p.proc.returncode == 0, (short_tmp / "p.log").read_text()

@@ -193,3 +193,19 @@ class FakeEngine:
 
     def close(self) -> None:
         self._server.close()
+
+
+def check_capture(record: wire.CallRecord, log: Path) -> dict:
+    """The record's ids and logprobs are exactly what the engine sampled; returns the sample."""
+    sample = sample_for(log, record.meta["rid"])
+    assert record.prompt_ids == sample["input_ids"]
+    assert record.output_ids == sample["output_ids"]
+    assert record.output_logprobs == sample["output_logprobs"]
+    assert record.weight_version == sample["weight_version"]
+    return sample
+
+
+def extends(later: wire.CallRecord, earlier: wire.CallRecord) -> bool:
+    """`later`'s prompt starts with `earlier`'s prompt + sampled ids (one trace when merged)."""
+    done = earlier.prompt_ids + earlier.output_ids
+    return later.prompt_ids[: len(done)] == done and len(later.prompt_ids) > len(done)
