@@ -128,11 +128,11 @@ class Chains:
         n, messages = len(chain.messages), call.messages
         if call.tools != chain.tools:
             return None, f"tools differ from chain {chain.number}"
-        if len(messages) <= n:
-            return None, f"conversation does not extend chain {chain.number}"
-        for i in range(n):
+        for i in range(min(n, len(messages))):
             if not same_message(messages[i], chain.messages[i]):
                 return None, f"message {i} differs from chain {chain.number}"
+        if len(messages) <= n:
+            return None, f"conversation does not extend chain {chain.number}"
         if chain.ids[-1] not in r.eos_ids:
             return None, f"chain {chain.number}'s last reply did not end with an end token"
         before = r.text(messages[: n - 1], call.tools, True)

@@ -118,12 +118,13 @@ class Proxy:
 
 
 def start_proxy(
-    tmp: Path, gateway: FakeGateway, engine_url: str, name: str = "p", **flags: object
+    tmp: Path, gateway: FakeGateway, engine_url: str | list[str], name: str = "p", **flags: object
 ) -> Proxy:
     ready = tmp / f"{name}.ready.json"
     args = [sys.executable, "-m", "polar_hpc", "proxy", "--gateway", gateway.endpoint,
-            "--engine-url", engine_url, "--ready-file", str(ready), "--model", MODEL,
-            "--proxy-id", name]
+            "--ready-file", str(ready), "--model", MODEL, "--proxy-id", name]
+    for url in [engine_url] if isinstance(engine_url, str) else engine_url:
+        args += ["--engine-url", url]
     for key, value in flags.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
     proc = subprocess.Popen(args, stderr=open(tmp / f"{name}.log", "w"))
