@@ -77,9 +77,18 @@ class Topology(_Model):
 
 
 class HarnessSpec(_Model):
-    kind: Literal["shell"] = "shell"
-    command: str
+    """`shell` runs `command`; a preset writes its harness's config and runs it (`command`, if
+    given, replaces the preset's command line)."""
+
+    kind: Literal["shell", "mini_swe_agent", "codex", "claude_code", "opencode", "qwen_code"] = "shell"
+    command: str | None = None
     env: dict[str, str] = {}
+
+    @pydantic.model_validator(mode="after")
+    def _shell_needs_command(self) -> HarnessSpec:
+        if self.kind == "shell" and self.command is None:
+            raise ValueError("a shell harness needs a 'command'")
+        return self
 
 
 class TaskSandbox(_Model):

@@ -18,7 +18,7 @@ from typing import Callable
 
 from polar_hpc import wire
 from polar_hpc.config import PoolConfig, Task
-from polar_hpc.harness import shell
+from polar_hpc.harness import presets
 from polar_hpc.sandbox import Sandbox, SandboxError
 from polar_hpc.shards.writer import ShardWriter
 from polar_hpc.trajectory.builders import build
@@ -124,8 +124,8 @@ class Pipeline:
                 self._update(sid, "READY", outcome)
                 await self._move(holding, "RUN")
             self._update(sid, "RUN", outcome)
-            env = shell.environment(task, self.proxy.url, token, sid, sandbox.workspace)
-            result = await sandbox.exec(task.harness.command, env, spec.deadline - time.time())
+            command, env = presets.launch(task, self.proxy.url, token, sid, sandbox.workspace)
+            result = await sandbox.exec(command, env, spec.deadline - time.time())
             outcome.marks["WAIT"] = time.time()  # harness ended; POSTRUN slot not yet taken
         except TimeoutError:
             outcome.status = "timeout"
