@@ -34,6 +34,7 @@ class EngineConfig(_Model):
     token_delay_ms: float = Field(0.0, ge=0)
     weight_version: str = "v0"
     sample_log: bool = False  # scripted engine: log every generation to <run>/logs/engine-samples.jsonl
+    context_length: int = Field(8192, ge=16)  # scripted engine: longest prompt + output, in tokens
 
 
 class PoolConfig(_Model):
