@@ -46,6 +46,15 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def start_engine(tmp: Path, name: str, *flags: str) -> tuple[subprocess.Popen, str, Path]:
+    """A scripted engine of its own (with its sample log); returns (process, url, log)."""
+    ready, log = tmp / f"{name}.json", tmp / f"{name}.samples.jsonl"
+    proc = subprocess.Popen(
+        [str(BIN / "polar-hpc"), "engine", "--kind", "scripted", "--port", "0", "--ready-file",
+         str(ready), "--sample-log", str(log), *flags], stderr=open(tmp / f"{name}.log", "w"))
+    return proc, wait_ready(proc, ready), log
+
+
 class FakeGateway:
     def __init__(self, path: Path) -> None:
         self.endpoint = f"ipc://{path}"

@@ -13,19 +13,11 @@ from polar_hpc import wire
 from polar_hpc.engines.chat_format import ASSET_DIR, ChatFormat
 from polar_hpc.proxy.tito import Renderer
 
-from proxy.helpers import BIN, MODEL, check_capture, extends, start_proxy, stop, wait_ready
+from proxy.helpers import MODEL, check_capture, extends, start_engine, start_proxy, stop
 
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
-
-
-def start_engine(tmp, name: str, *flags: str):
-    ready, log = tmp / f"{name}.json", tmp / f"{name}.samples.jsonl"
-    proc = subprocess.Popen(
-        [str(BIN / "polar-hpc"), "engine", "--kind", "scripted", "--port", "0", "--ready-file",
-         str(ready), "--sample-log", str(log), *flags], stderr=open(tmp / f"{name}.log", "w"))
-    return proc, wait_ready(proc, ready), log
 
 
 def sdk(proxy, token: str) -> openai.OpenAI:
