@@ -37,6 +37,7 @@ class Call:
     temperature: float | None = None
     top_p: float | None = None
     stream: bool = False
+    logprobs: bool = False  # the harness wants per-token logprobs in its answer
     id: str = field(default_factory=lambda: uuid.uuid4().hex)  # the engine rid, in tito mode
     chat_body: dict[str, Any] | None = None  # openai_chat only: the harness's own body
 

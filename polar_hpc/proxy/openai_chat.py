@@ -59,7 +59,8 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         messages=messages, tools=tools or None,
         max_tokens=limit if limit is not None else number(body, "max_tokens", int),
         stop=stops(body, "stop"), temperature=number(body, "temperature"),
-        top_p=number(body, "top_p"), stream=bool(body.get("stream")), chat_body=body,
+        top_p=number(body, "top_p"), stream=bool(body.get("stream")),
+        logprobs=bool(body.get("logprobs")), chat_body=body,
     )
     return body, call
 

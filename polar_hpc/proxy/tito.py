@@ -4,8 +4,8 @@
 `AutoTokenizer` + `apply_chat_template`, tools included), loaded from a local folder.
 `Tito(renderer, tool_parser, router)`: `await answer(session, call, emit)` renders
 the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
-`stream`, awaits `emit(text)` for each piece of content as tokens arrive (tool-call text is held
-back and parsed once complete), and returns the `Outcome`.
+`stream` when the harness streams, awaits `emit(text)` for each piece of content as tokens arrive
+(tool-call text is held back and parsed once complete), and returns the `Outcome`.
 
 Drift-free history: `Chains` (one per session) keeps, for each chain of calls, the conversation
 through the last sampled reply and its exact ids (prompt + sampled). When a call re-sends that
@@ -48,6 +48,7 @@ class Renderer:
         if not self.tokenizer.chat_template:
             raise ValueError(f"the tokenizer in {self.folder} has no chat template")
         self.chat_template = self.tokenizer.chat_template
+        self._fast = getattr(self.tokenizer, "backend_tokenizer", None)
         eos = {self.tokenizer.eos_token_id} | set(_generation_eos(Path(self.folder)))
         self.eos_ids = frozenset(i for i in eos if isinstance(i, int))
 
@@ -58,6 +59,8 @@ class Renderer:
         )
 
     def encode(self, text: str) -> list[int]:
+        if self._fast is not None:  # the same ids, without transformers' per-call overhead
+            return self._fast.encode(text, add_special_tokens=False).ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def token_text(self, token_id: int) -> str:
@@ -105,6 +108,7 @@ class _Chain:
     messages: list[dict]  # through the last sampled assistant reply
     tools: list[dict] | None
     ids: list[int]  # prompt + sampled ids of the chain's last call
+    prompt_text: str  # the rendered prompt of the chain's last call
 
 
 class Chains:
@@ -114,17 +118,19 @@ class Chains:
         self._chains: list[_Chain] = []
         self.started = 0
 
-    def prompt(self, r: Renderer, call: Call) -> tuple[list[int], _Chain | None, str]:
+    def prompt(self, r: Renderer, call: Call) -> tuple[list[int], _Chain | None, str, str]:
+        """(prompt ids, the chain extended or None, why none, the rendered prompt text)."""
         full = r.text(call.messages, call.tools, True)
         why = "first call of the session"
         for chain in reversed(self._chains):
             glue, why = self._glue(r, chain, call, full)
             if glue is not None:
-                return chain.ids + r.encode(glue), chain, ""
-        return r.encode(full), None, why
+                return chain.ids + r.encode(glue), chain, "", full
+        return r.encode(full), None, why, full
 
     @staticmethod
     def _glue(r: Renderer, chain: _Chain, call: Call, full: str) -> tuple[str | None, str]:
+        """The text after the chain's last reply, when `call` re-sends the chain's history."""
         n, messages = len(chain.messages), call.messages
         if call.tools != chain.tools:
             return None, f"tools differ from chain {chain.number}"
@@ -135,24 +141,25 @@ class Chains:
             return None, f"conversation does not extend chain {chain.number}"
         if chain.ids[-1] not in r.eos_ids:
             return None, f"chain {chain.number}'s last reply did not end with an end token"
-        before = r.text(messages[: n - 1], call.tools, True)
-        through = r.text(messages[:n], call.tools, False)
-        reply = through[len(before):] if through.startswith(before) else ""
+        before = chain.prompt_text  # usually still the start of the rendering; else re-render
+        if not full.startswith(before):
+            before = r.text(messages[: n - 1], call.tools, True)
         end = r.token_text(chain.ids[-1])
-        if not full.startswith(through) or end not in reply:
+        at = full.find(end, len(before)) if full.startswith(before) else -1
+        if at < 0:
             return None, f"template renders chain {chain.number}'s history differently"
-        return reply[reply.rindex(end) + len(end):] + full[len(through):], ""
+        return full[at + len(end):], ""
 
-    def record(self, chain: _Chain | None, call: Call, outcome: Outcome) -> int:
+    def record(self, chain: _Chain | None, call: Call, outcome: Outcome, text: str) -> int:
         messages = [*call.messages, assistant_message(outcome)]
         ids = outcome.prompt_ids + outcome.output_ids
         if chain is None:
-            chain = _Chain(self.started, messages, call.tools, ids)
+            chain = _Chain(self.started, messages, call.tools, ids, text)
             self.started += 1
             self._chains.append(chain)
             del self._chains[:-MAX_CHAINS]
         else:
-            chain.messages, chain.ids = messages, ids
+            chain.messages, chain.ids, chain.prompt_text = messages, ids, text
         return chain.number
 
 
@@ -191,7 +198,7 @@ class Tito:
     ) -> Outcome:
         await self._prepare(session_id)
         chains = self._chains.setdefault(session_id, Chains())
-        prompt_ids, chain, why = chains.prompt(self.renderer, call)
+        prompt_ids, chain, why, text = chains.prompt(self.renderer, call)
         budget = call.max_tokens
         if budget is None:
             budget = max(self.context_length - len(prompt_ids), 1)
@@ -203,12 +210,12 @@ class Tito:
                 sampling[key] = getattr(call, key)
         rid = uuid.uuid4().hex
         body = {"input_ids": prompt_ids, "sampling_params": sampling, "return_logprob": True,
-                "stream": True, "rid": rid}
+                "stream": call.stream, "rid": rid}
         (last, url), retried = await self.router.attempt(
             session_id, lambda client: self._generate(client, body, call, emit)
         )
         outcome = self._outcome(rid, call, prompt_ids, last, url)
-        number = chains.record(chain, call, outcome)
+        number = chains.record(chain, call, outcome, text)
         outcome.meta.update(rid=rid, mode="tito", chain=number)
         if chain is None:
             outcome.meta["new_chain"] = why
@@ -219,6 +226,9 @@ class Tito:
     async def _generate(
         self, client: EngineClient, body: dict, call: Call, emit: Callable[[str], Awaitable[None]]
     ) -> tuple[dict, str]:
+        """The engine's last (cumulative) answer; content is emitted as it grows when streaming."""
+        if not body["stream"]:
+            return await client.post_json("/generate", body), client.base_url
         sent, last = 0, None
         async for event in client.stream_json("/generate", body):
             last = event
@@ -255,5 +265,5 @@ class Tito:
             finish_reason=finish_reason, prompt_ids=prompt_ids, output_ids=output_ids,
             output_logprobs=logprobs, weight_version=weight_version, engine_url=url,
             cached_tokens=int(meta.get("cached_tokens") or 0),
-            token_texts=[self.renderer.token_text(i) for i in output_ids],
+            token_texts=[self.renderer.token_text(i) for i in output_ids] if call.logprobs else None,
         )
