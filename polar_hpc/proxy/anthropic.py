@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from polar_hpc.proxy.calls import BadRequest, Call, Outcome, decode_object, number, sse, stops, usage
+from polar_hpc.proxy.calls import (
+    BadRequest, Call, Outcome, array, decode_object, number, sse, stops, usage,
+)
 from polar_hpc.proxy.openai_chat import token as bearer
 
 API = "anthropic_messages"
@@ -53,13 +55,10 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         raise BadRequest("messages: must be a non-empty array", "messages")
     for i, turn in enumerate(turns):
         _add_turn(messages, turn, f"messages.{i}")
-    tools = body.get("tools") or []
-    if not isinstance(tools, list):
-        raise BadRequest("tools: must be an array", "tools")
     chat_tools = [
         {"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                           "parameters": t["input_schema"]}}
-        for t in tools if isinstance(t, dict) and "name" in t and "input_schema" in t
+        for t in array(body, "tools") if isinstance(t, dict) and "name" in t and "input_schema" in t
     ]
     call = Call(
         messages=messages, tools=chat_tools or None, max_tokens=max_tokens,

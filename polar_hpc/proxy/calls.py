@@ -9,7 +9,8 @@ and `meta`: the rid, chain and retry notes). `BadRequest` is the harness's fault
 `assistant_message(outcome)` is the reply as an OpenAI Chat assistant message, and `same_message`
 compares two messages the way a re-sent history must match (ids and formatting of JSON arguments
 ignored). `sse(data, event)` is one Server-Sent Event; `usage(outcome)` the token counts;
-`number(body, key, kind)` reads an optional numeric field or raises BadRequest naming it.
+`number(body, key, kind)`, `stops(body, key)` and `array(body, key)` read optional fields or
+raise BadRequest naming them.
 """
 
 from __future__ import annotations
@@ -149,3 +150,11 @@ def decode_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body
+
+
+def array(body: dict[str, Any], key: str) -> list[Any]:
+    """An optional array field (absent or null: empty), or BadRequest naming it."""
+    value = body.get(key) or []
+    if not isinstance(value, list):
+        raise BadRequest(f"{key!r} must be an array", key)
+    return value

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, assistant_message, decode_object, number, sse, stops, usage,
+    BadRequest, Call, Outcome, array, assistant_message, decode_object, number, sse, stops, usage,
 )
 
 API = "openai_chat"
@@ -51,9 +51,7 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         raise BadRequest("only n=1 is supported", "n")
     if not isinstance(body.get("stream_options") or {}, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise BadRequest("'tools' must be an array", "tools")
+    tools = array(body, "tools")
     limit = number(body, "max_completion_tokens", int)
     call = Call(
         messages=messages, tools=tools or None,

@@ -18,7 +18,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from polar_hpc.proxy.calls import BadRequest, Call, Outcome, decode_object, number, sse, text_of, usage
+from polar_hpc.proxy.calls import (
+    BadRequest, Call, Outcome, array, decode_object, number, sse, text_of, usage,
+)
 from polar_hpc.proxy.openai_chat import error_body, token  # noqa: F401  (same shapes as Chat)
 
 API = "openai_responses"
@@ -42,12 +44,9 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         raise BadRequest("'input' is required: a string or a non-empty array of items", "input")
     for i, item in enumerate(items):
         _add_item(messages, item, f"input[{i}]")
-    tools = body.get("tools") or []
-    if not isinstance(tools, list):
-        raise BadRequest("'tools' must be an array", "tools")
     chat_tools = [
         {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
-        for t in tools if isinstance(t, dict) and t.get("type") == "function" and "name" in t
+        for t in array(body, "tools") if isinstance(t, dict) and t.get("type") == "function" and "name" in t
     ]
     call = Call(
         messages=messages, tools=chat_tools or None, max_tokens=number(body, "max_output_tokens", int),

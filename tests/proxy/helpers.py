@@ -23,6 +23,11 @@ from polar_hpc import wire
 
 BIN = Path(sys.executable).parent
 MODEL = "polar-scripted"
+CALCULATOR = {  # the calculator tool's name, description and JSON schema, for every API's shape
+    "name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                   "required": ["expression"]},
+}
 
 
 def wait_ready(proc: subprocess.Popen, ready: Path, timeout: float = 15.0) -> str:

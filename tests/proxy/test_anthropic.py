@@ -7,13 +7,10 @@ import pytest
 
 from polar_hpc import wire
 
-from proxy.helpers import MODEL, check_capture, extends
+from proxy.helpers import CALCULATOR, MODEL, check_capture, extends
 
-TOOLS = [{
-    "name": "calculator", "description": "Evaluate an arithmetic expression.",
-    "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}},
-                     "required": ["expression"]},
-}]
+TOOLS = [{"name": CALCULATOR["name"], "description": CALCULATOR["description"],
+          "input_schema": CALCULATOR["parameters"]}]
 
 
 def sdk(proxy, token: str) -> anthropic.Anthropic:

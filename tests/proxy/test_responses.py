@@ -9,13 +9,9 @@ import pytest
 
 from polar_hpc import wire
 
-from proxy.helpers import MODEL, check_capture, extends
+from proxy.helpers import CALCULATOR, MODEL, check_capture, extends
 
-TOOLS = [{
-    "type": "function", "name": "calculator", "description": "Evaluate an arithmetic expression.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                   "required": ["expression"]},
-}]
+TOOLS = [{"type": "function", **CALCULATOR}]
 
 
 def sdk(proxy, token: str) -> openai.OpenAI:

@@ -13,11 +13,9 @@ from polar_hpc import wire
 from polar_hpc.engines.chat_format import ASSET_DIR, ChatFormat
 from polar_hpc.proxy.tito import Renderer
 
-from proxy.helpers import MODEL, check_capture, extends, start_engine, start_proxy, stop
+from proxy.helpers import CALCULATOR, MODEL, check_capture, extends, start_engine, start_proxy, stop
 
-TOOLS = [{"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+TOOLS = [{"type": "function", "function": CALCULATOR}]
 
 
 def sdk(proxy, token: str) -> openai.OpenAI:
