@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import pydantic
+import pydantic_core
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -85,11 +86,19 @@ class HarnessSpec(_Model):
     command: str | None = None
     env: dict[str, str] = {}
 
-    @pydantic.model_validator(mode="after")
-    def _shell_needs_command(self) -> HarnessSpec:
-        if self.kind == "shell" and self.command is None:
-            raise ValueError("a shell harness needs a 'command'")
-        return self
+    @pydantic.model_validator(mode="wrap")
+    @classmethod
+    def _shell_needs_command(cls, data: Any, handler: Any) -> HarnessSpec:
+        """A shell harness without `command` is a missing field, reported with any others."""
+        if not (isinstance(data, dict) and data.get("kind", "shell") == "shell" and "command" not in data):
+            return handler(data)
+        errors: list[Any] = []
+        try:
+            handler(data)
+        except pydantic.ValidationError as e:
+            errors = [{k: v for k, v in err.items() if k in ("type", "loc", "input", "ctx")} for err in e.errors()]
+        errors.append({"type": "missing", "loc": ("command",), "input": data})
+        raise pydantic_core.ValidationError.from_exception_data(cls.__name__, errors)
 
 
 class TaskSandbox(_Model):

@@ -217,6 +217,10 @@ class _Proxy:
 
         try:
             outcome = await self.mode.answer(session.session_id, call, emit)
+        except ConnectionResetError:  # the harness hung up mid-stream: nothing it saw to record
+            log.info("session %s: harness closed its stream before the answer was complete",
+                     session.session_id)
+            return reply.stream
         except EngineError as e:
             kind = "upstream" if e.status != 400 else (
                 "context_length" if "context length" in e.message else "invalid_request")
@@ -243,9 +247,12 @@ class _Proxy:
         session.n_calls += 1
         if events is None:
             return _json(200, response)
-        await begin()
-        await reply.stream.write(events.end(outcome))
-        await reply.stream.write_eof()
+        try:
+            await begin()
+            await reply.stream.write(events.end(outcome))
+            await reply.stream.write_eof()
+        except ConnectionResetError:  # recorded: the harness saw every token but the last events
+            log.info("session %s: harness closed its stream at the end", session.session_id)
         return reply.stream
 
 

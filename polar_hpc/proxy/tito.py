@@ -18,6 +18,7 @@ chain a call extends, or why it starts a new one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import uuid
@@ -59,9 +60,13 @@ class Renderer:
         )
 
     def encode(self, text: str) -> list[int]:
+        return list(self._encode(text))
+
+    @functools.lru_cache(maxsize=256)  # the samples of a task all open with the same prompt
+    def _encode(self, text: str) -> tuple[int, ...]:
         if self._fast is not None:  # the same ids, without transformers' per-call overhead
-            return self._fast.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
+            return tuple(self._fast.encode(text, add_special_tokens=False).ids)
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

@@ -140,7 +140,8 @@ def start_proxy(
     for url in [engine_url] if isinstance(engine_url, str) else engine_url:
         args += ["--engine-url", url]
     for key, value in flags.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
+        flag = f"--{key.replace('_', '-')}"
+        args += [flag] if value is True else [flag, str(value)]
     proc = subprocess.Popen(args, stderr=open(tmp / f"{name}.log", "w"))
     url = wait_ready(proc, ready)
     hello = gateway.expect(wire.ProxyHello)

@@ -132,3 +132,17 @@ def test_unloadable_tokenizer_is_exit_2(short_tmp, gateway, engine):
     assert done.returncode == 2
     assert "cannot load the tokenizer" in done.stderr and "missing" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_strict_model_refuses_other_names(short_tmp, gateway, engine):
+    proxy = start_proxy(short_tmp, gateway, engine[0], strict_model=True)
+    try:
+        c = sdk(proxy, "t4")
+        with pytest.raises(openai.NotFoundError) as err:
+            c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}])
+        assert err.value.body["code"] == "model_not_found" and MODEL in err.value.body["message"]
+        answer = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+        assert answer.model == MODEL
+        assert gateway.expect(wire.CallRecord).call_index == 0  # the refused call left none
+    finally:
+        stop(proxy.proc)
