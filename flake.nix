@@ -8,8 +8,10 @@
     let
       systems = [ "x86_64-linux" "aarch64-linux" ];
       # Built from builtins only, so the output names can be listed without nixpkgs (tests/nix).
-      forAllSystems = f: builtins.listToAttrs (map (system: { name = system; value = f system; }) systems);
-      pkgsFor = forAllSystems (system: import nixpkgs { inherit system; overlays = [ self.overlays.default ]; });
+      forAllSystems = f:
+        builtins.listToAttrs (map (system: { name = system; value = f system; }) systems);
+      pkgsFor = forAllSystems (system:
+        import nixpkgs { inherit system; overlays = [ self.overlays.default ]; });
     in
     {
       overlays.default = import ./nix/overlay.nix;

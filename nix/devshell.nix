@@ -10,7 +10,7 @@ pkgs.mkShell {
   packages = [
     pythonEnv
     pkgs.uv
-    pkgs.slurm # sbatch/squeue/scancel; the cluster's slurm.conf is found via SLURM_CONF or /etc/slurm
+    pkgs.slurm # sbatch, squeue, scancel; they read the cluster's slurm.conf (SLURM_CONF)
     pkgs.apptainer
     pkgs.bubblewrap
     pkgs.nodejs

@@ -19,7 +19,8 @@ let
   lock = fromTOML (readFile lockFile);
   byName = listToAttrs (map (p: { name = p.name; value = p; }) lock.package);
   lookup = name:
-    byName.${name} or (throw "uv.lock: package '${name}' is required but not locked (run `uv lock`)");
+    byName.${name}
+      or (throw "uv.lock: package '${name}' is required but not locked (run `uv lock`)");
 
   machine = { x86_64-linux = "x86_64"; aarch64-linux = "aarch64"; }.${system}
     or (throw "nix/uv-lock.nix: unsupported system '${system}'");
@@ -55,7 +56,8 @@ let
       else cmp >= 0;
   markerHolds = where: marker:
     if match ".*[()].*" marker != null then
-      throw "uv.lock: ${where}: parenthesised marker '${marker}' is not understood by nix/uv-lock.nix"
+      throw ("uv.lock: ${where}: parenthesised marker '${marker}'"
+        + " is not understood by nix/uv-lock.nix")
     else any (conj: all (clause where) (pieces " and " conj)) (pieces " or " marker);
 
   # The dependencies of a lock entry that apply to this target.
@@ -100,8 +102,8 @@ let
       parts = pieces "-" (builtins.substring 0 (builtins.stringLength filename - 4) filename);
       n = length parts;
       tagSet = i: pieces "\\." (elemAt parts (n - i));
-      ranks = builtins.concatMap (py: builtins.concatMap (abi: map (plat: rank."${py}-${abi}-${plat}" or null)
-        (tagSet 1)) (tagSet 2)) (tagSet 3);
+      ranks = builtins.concatMap (py: builtins.concatMap (abi:
+        map (plat: rank."${py}-${abi}-${plat}" or null) (tagSet 1)) (tagSet 2)) (tagSet 3);
     in
     foldl' (best: r: if r != null && (best == null || r < best) then r else best) null ranks;
   pickWheel = p:
@@ -115,8 +117,12 @@ let
         null ranked;
     in
     if best == null then
-      throw "uv.lock: ${p.name} ${p.version} has no wheel for CPython 3.${pyMinor}, glibc ${glibcVersion}, ${system}"
-    else { inherit (best) url sha256 filename; native = match ".*-any\\.whl" best.filename == null; };
+      throw ("uv.lock: ${p.name} ${p.version} has no wheel for CPython 3.${pyMinor}"
+        + " with glibc ${glibcVersion} on ${system}")
+    else {
+      inherit (best) url sha256 filename;
+      native = match ".*-any\\.whl" best.filename == null; # binaries to patch for the store
+    };
 in
 {
   direct = depsOf (lookup root);

@@ -11,6 +11,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from nix.helpers import NEEDS_NIX, ROOT, SYSTEMS, nix_eval, run
 
 pytestmark = NEEDS_NIX
@@ -24,12 +26,14 @@ def test_every_nix_file_parses(nix_env):
         assert done.returncode == 0, f"{f}: {done.stderr}"
 
 
-def test_the_parse_check_fails_on_a_broken_file(nix_env, tmp_path):
+@pytest.mark.parametrize("text, error", [("{ a = 1;\n  b = ; }\n", "syntax error"),
+                                         ("{ pkgs }:\n  pkgs.hello // pksg\n", "undefined variable 'pksg'")])
+def test_the_parse_check_fails_on_a_broken_file(nix_env, tmp_path, text, error):
     broken = tmp_path / "broken.nix"
-    broken.write_text("{ a = 1;\n  b = ; }\n")
+    broken.write_text(text)
     done = run(["nix-instantiate", "--parse", str(broken)], nix_env)
     assert done.returncode != 0
-    assert "broken.nix:2" in done.stderr
+    assert error in done.stderr and "broken.nix:2" in done.stderr
 
 
 def flake_copy(tmp_path: Path) -> Path:
