@@ -32,6 +32,7 @@
         default = {
           type = "app";
           program = "${self.packages.${system}.default}/bin/polar-hpc";
+          meta.description = "The polar-hpc command line";
         };
       });
     };
