@@ -1,26 +1,35 @@
 # Read uv.lock with builtins only (no nixpkgs), so it evaluates offline and CI can test it.
 #
-#   import ./uv-lock.nix { lockFile; system; pythonVersion; glibcVersion; root ? "polar-hpc"; }
-#   => { direct   = [ "typer" ... ];              # the root package's runtime dependencies
+#   import ./uv-lock.nix { lockFile; system; pythonVersion; glibcVersion; }
+#   => { direct   = [ "typer" ... ];              # polar-hpc's own runtime dependencies
 #        packages = { <name> = { name; version; deps = [ <name> ... ];
 #                                wheel = { url; sha256; filename; native; }; }; }; }
 #
-# `packages` is the runtime closure of `root` (no optional dependencies, no dependency groups)
+# `packages` is the runtime closure of polar-hpc (no optional dependencies, no dependency groups)
 # for CPython `pythonVersion` with glibc `glibcVersion` on `system`: environment markers are
 # evaluated for that target and each package gets the wheel pip would pick there. Anything it
 # cannot decide (a marker it does not understand, a package without a usable wheel) stops
 # evaluation with an error naming the package, rather than building something `uv sync` would not.
-{ lockFile, system, pythonVersion, glibcVersion, root ? "polar-hpc" }:
+{ lockFile, system, pythonVersion, glibcVersion }:
 let
   inherit (builtins)
-    all any attrNames compareVersions elemAt filter foldl' fromTOML head isString length
+    all any compareVersions elemAt filter foldl' fromTOML head isString length
     listToAttrs map match readFile split throw;
 
+  root = "polar-hpc";
   lock = fromTOML (readFile lockFile);
-  byName = listToAttrs (map (p: { name = p.name; value = p; }) lock.package);
-  lookup = name:
-    byName.${name}
-      or (throw "uv.lock: package '${name}' is required but not locked (run `uv lock`)");
+  # The lock entry a dependency means: by name, and by version where uv locked several versions
+  # of the package (a fork by environment); the dependency then names its version.
+  lookup = dep:
+    let
+      named = filter (p: p.name == dep.name) lock.package;
+      hits = if dep ? version then filter (p: p.version == dep.version) named else named;
+    in
+    if hits == [ ] then
+      throw "uv.lock: package '${dep.name}' is required but not locked (run `uv lock`)"
+    else if length hits > 1 then
+      throw "uv.lock: '${dep.name}' is locked in several versions and its dependent names none"
+    else head hits;
 
   machine = { x86_64-linux = "x86_64"; aarch64-linux = "aarch64"; }.${system}
     or (throw "nix/uv-lock.nix: unsupported system '${system}'");
@@ -62,21 +71,21 @@ let
 
   # The dependencies of a lock entry that apply to this target.
   depsOf = p:
-    map (d: d.name)
-      (filter (d: !(d ? marker) || markerHolds "${p.name} -> ${d.name}" d.marker)
-        (p.dependencies or [ ]));
+    filter (d: !(d ? marker) || markerHolds "${p.name} -> ${d.name}" d.marker)
+      (p.dependencies or [ ]);
+  rootEntry = lookup { name = root; };
 
-  # Breadth-first walk of the dependency graph from the root's runtime dependencies.
-  closureNames =
+  # Walk of the dependency graph from the root: { <name> = <lock entry>; } for the closure.
+  closure =
     let
       step = seen: todo:
         if todo == [ ] then seen
         else
-          let n = head todo; rest = builtins.tail todo; in
-          if seen ? ${n} then step seen rest
-          else step (seen // { ${n} = true; }) (rest ++ depsOf (lookup n));
+          let d = head todo; rest = builtins.tail todo; in
+          if seen ? ${d.name} then step seen rest
+          else let p = lookup d; in step (seen // { ${d.name} = p; }) (rest ++ depsOf p);
     in
-    attrNames (step { } (depsOf (lookup root)));
+    step { } (depsOf rootEntry);
 
   # --- wheel choice: the best-ranked tag, in the order of `packaging.tags.sys_tags()` ---
   # for CPython 3.<minor> on manylinux with glibc <= glibcMax (pip's and uv's order).
@@ -125,9 +134,10 @@ let
     };
 in
 {
-  direct = depsOf (lookup root);
-  packages = listToAttrs (map (n:
-    let p = lookup n; in
-    { name = n; value = { inherit (p) name version; deps = depsOf p; wheel = pickWheel p; }; })
-    closureNames);
+  direct = map (d: d.name) (depsOf rootEntry);
+  packages = builtins.mapAttrs (_: p: {
+    inherit (p) name version;
+    deps = map (d: d.name) (depsOf p);
+    wheel = pickWheel p;
+  }) closure;
 }

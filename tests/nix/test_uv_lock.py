@@ -39,7 +39,7 @@ def test_nix_dependencies_are_pyprojects_at_its_pinned_versions(nix_env):
 
 def reference_closure(machine: str, lock_file: Path = ROOT / "uv.lock") -> dict[str, dict]:
     """The closure and wheels pip's rules (packaging) select from a uv.lock for the same target."""
-    lock = {p["name"]: p for p in tomllib.loads(lock_file.read_text())["package"]}
+    entries = tomllib.loads(lock_file.read_text())["package"]
     env = {"sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
            "implementation_name": "cpython", "platform_python_implementation": "CPython",
            "platform_machine": machine, "python_version": "3.11", "python_full_version": PYTHON}
@@ -51,23 +51,28 @@ def reference_closure(machine: str, lock_file: Path = ROOT / "uv.lock") -> dict[
               *compatible_tags((3, 11), "cp311", platforms)]
     rank = {tag: i for i, tag in enumerate(ranked)}
 
-    def deps(p: dict) -> list[str]:
-        return sorted(d["name"] for d in p.get("dependencies", [])
-                      if "marker" not in d or Marker(d["marker"]).evaluate(env))
+    def deps(p: dict) -> list[dict]:
+        return [d for d in p.get("dependencies", [])
+                if "marker" not in d or Marker(d["marker"]).evaluate(env)]
+
+    def entry(dep: dict) -> dict:
+        (hit,) = [p for p in entries if p["name"] == dep["name"]
+                  and dep.get("version", p["version"]) == p["version"]]
+        return hit
 
     def wheel_rank(w: dict) -> int:
         tags = parse_wheel_filename(w["url"].rsplit("/", 1)[1])[3]
         return min((rank[t] for t in tags if t in rank), default=len(rank))
 
-    out, todo = {}, deps(lock["polar-hpc"])
+    out, todo = {}, deps(entry({"name": "polar-hpc"}))
     while todo:
-        p = lock[todo.pop()]
+        p = entry(todo.pop())
         if p["name"] in out:
             continue
         best = min(p["wheels"], key=wheel_rank)  # the first of equals, as on the nix side
         assert wheel_rank(best) < len(rank), f"{p['name']}: no wheel for {machine}"
-        out[p["name"]] = {"version": p["version"], "deps": deps(p), "url": best["url"],
-                          "sha256": best["hash"].removeprefix("sha256:")}
+        out[p["name"]] = {"version": p["version"], "deps": sorted(d["name"] for d in deps(p)),
+                          "url": best["url"], "sha256": best["hash"].removeprefix("sha256:")}
         todo += deps(p)
     return out
 
@@ -108,6 +113,8 @@ TRICKY_LOCK = ROOT_ENTRY + """dependencies = [
   { name = "fast" },
   { name = "old-py", marker = "python_full_version < '3.11'" },
   { name = "arm-only", marker = "platform_machine == 'aarch64' and sys_platform == 'linux'" },
+  { name = "forked", version = "1.0", marker = "python_full_version < '3.12'" },
+  { name = "forked", version = "2.0", marker = "python_full_version >= '3.12'" },
 ]
 
 [[package]]
@@ -128,7 +135,15 @@ version = "1"
 [[package]]
 name = "arm-only"
 version = "2"
-""" + wheels("arm_only-2-py2.py3-none-any.whl")
+""" + wheels("arm_only-2-py2.py3-none-any.whl") + """
+[[package]]
+name = "forked"
+version = "2.0"
+""" + wheels("forked-2.0-py3-none-any.whl") + """
+[[package]]
+name = "forked"
+version = "1.0"
+""" + wheels("forked-1.0-py3-none-any.whl")
 
 
 @pytest.mark.parametrize("system", SYSTEMS)
@@ -141,12 +156,18 @@ def test_tag_ranking_and_markers_follow_pip_on_a_tricky_lock(nix_env, tmp_path, 
                 "aarch64-linux": "fast-1-cp310-abi3-manylinux_2_28_aarch64.whl"}[system]
     assert got["fast"]["url"].endswith(expected)
     assert ("arm-only" in got) == (system == "aarch64-linux") and "old-py" not in got
+    assert got["forked"]["version"] == "1.0"  # locked twice; the 3.11 fork's version
 
 
 BAD_LOCKS = {
     "parenthesised marker": (
         """dependencies = [{ name = "x", marker = "(sys_platform == 'linux')" }]\n""",
         "polar-hpc -> x: parenthesised marker"),
+    "several versions, none named": (
+        """dependencies = [{ name = "two" }]\n"""
+        + """\n[[package]]\nname = "two"\nversion = "1"\n""" + wheels("two-1-py3-none-any.whl")
+        + """\n[[package]]\nname = "two"\nversion = "2"\n""" + wheels("two-2-py3-none-any.whl"),
+        "'two' is locked in several versions"),
     "dependency missing from the lock": (
         """dependencies = [{ name = "ghost" }]\n""",
         "package 'ghost' is required but not locked"),
