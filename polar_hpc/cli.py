@@ -109,6 +109,78 @@ def shards_show(
     _guard(lambda: show(run_dir, json_lines))
 
 
+@shards_app.command("ls")
+def shards_ls(
+    run_dir: Path = typer.Argument(..., help="The run directory."),
+    json_lines: bool = typer.Option(False, "--json", help="One JSON object per shard per line."),
+) -> None:
+    """List the sealed shards of a run: records, size, when sealed, whether indexed."""
+    from polar_hpc.shards.table import ls
+
+    _guard(lambda: ls(run_dir, json_lines))
+
+
+@shards_app.command("verify")
+def shards_verify(run_dir: Path = typer.Argument(..., help="The run directory.")) -> None:
+    """Check every record (damage: file and byte offset) and every journaled result; exit 1 on a problem."""
+    from polar_hpc.shards.table import verify_run
+
+    raise typer.Exit(_guard(lambda: verify_run(run_dir)))
+
+
+_STATUS = typer.Option(None, "--status", help="Keep only this status (repeatable).")
+_MIN_REWARD = typer.Option(None, help="Keep rewards >= this (drops unrewarded trajectories).")
+_MAX_REWARD = typer.Option(None, help="Keep rewards <= this (drops unrewarded trajectories).")
+_MIN_VERSION = typer.Option(None, help="Keep trajectories whose every call used weight version >= this.")
+_MAX_VERSION = typer.Option(None, help="Keep trajectories whose every call used weight version <= this.")
+
+
+def _keep(status, min_reward, max_reward, min_version, max_version):
+    from polar_hpc.shards.batch import Filter
+
+    return Filter(
+        status=frozenset(status) if status else None,
+        reward=None if min_reward is None and max_reward is None else (min_reward, max_reward),
+        weight_versions=None if min_version is None and max_version is None else (min_version, max_version),
+    )
+
+
+@shards_app.command("export")
+def shards_export(
+    run_dir: Path = typer.Argument(..., help="The run directory."),
+    out: Path = typer.Option(..., "--out", "-o", help="File to write."),
+    fmt: str = typer.Option("parquet", "--format", help="parquet (needs pyarrow) or jsonl."),
+    status: Optional[list[str]] = _STATUS,
+    min_reward: Optional[float] = _MIN_REWARD,
+    max_reward: Optional[float] = _MAX_REWARD,
+    min_version: Optional[int] = _MIN_VERSION,
+    max_version: Optional[int] = _MAX_VERSION,
+) -> None:
+    """Export the run's trajectories, one row per trace (token ids, masks, logprobs, messages)."""
+    from polar_hpc.shards.table import export
+
+    _guard(lambda: export(run_dir, out, fmt, _keep(status, min_reward, max_reward, min_version, max_version)))
+
+
+@shards_app.command("follow")
+def shards_follow(
+    run_dir: Path = typer.Argument(..., help="The run directory (may still be running)."),
+    cursor: Optional[Path] = typer.Option(None, help="Cursor file: a rerun with it continues where this one stopped."),
+    json_lines: bool = typer.Option(False, "--json", help="One JSON object per trajectory per line."),
+    idle_timeout: Optional[float] = typer.Option(None, help="Stop after this many seconds with nothing new."),
+    status: Optional[list[str]] = _STATUS,
+    min_reward: Optional[float] = _MIN_REWARD,
+    max_reward: Optional[float] = _MAX_REWARD,
+    min_version: Optional[int] = _MIN_VERSION,
+    max_version: Optional[int] = _MAX_VERSION,
+) -> None:
+    """Print each trajectory the journal accepted as its shard is sealed, until the run is complete."""
+    from polar_hpc.shards.table import follow
+
+    keep = _keep(status, min_reward, max_reward, min_version, max_version)
+    _guard(lambda: follow(run_dir, cursor, keep, json_lines, idle_timeout))
+
+
 @app.command()
 def engine(
     kind: str = typer.Option("scripted", help="Engine kind: 'scripted' (CPU test/demo engine)."),
