@@ -8,7 +8,7 @@ written with one `write` and one `fsync` to a new file in the same folder. Read 
 `iter_trajectories` over the shards (checksums, decoding to Python lists). The best of `--rounds`
 alternating rounds is kept for each figure. Prints one JSON object as its last line.
 
-    uv run python bench/shards.py [--records 160] [--rounds 2] [--dir DIR]
+    uv run python bench/shards.py [--records 100] [--rounds 2] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def raw_round(folder: Path, data: bytes) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--records", type=int, default=160)
+    ap.add_argument("--records", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
     args = ap.parse_args()

@@ -30,6 +30,27 @@ def _check(run_dir: Path) -> None:
         raise ConfigError(f"{run_dir}: not a run directory (no shards/ folder)")
 
 
+def cli_filter(status: list[str] | None, reward: str | None, weight_versions: str | None) -> Filter:
+    """A Filter from `--status` values and `LO:HI` ranges (ConfigError naming the option when bad)."""
+    return Filter(
+        status=frozenset(status) if status else None,
+        reward=_range("--reward", reward, float),
+        weight_versions=_range("--weight-versions", weight_versions, int),
+    )
+
+
+def _range(option: str, text: str | None, kind: type) -> tuple | None:
+    if text is None:
+        return None
+    low, sep, high = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError("no ':'")
+        return (kind(low) if low else None, kind(high) if high else None)
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: expected LO:HI ({kind.__name__}s, either end may be empty)") from None
+
+
 def show(run_dir: Path, json_lines: bool) -> None:
     _check(run_dir)
     if json_lines:

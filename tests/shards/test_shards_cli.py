@@ -27,7 +27,7 @@ def test_ls_and_follow(tmp_path, make_traj):
     assert table.returncode == 0 and "gw0-000002.shard" in table.stdout
 
     cursor = tmp_path / "cursor.json"
-    first = polar("shards", "follow", tmp_path, "--json", "--cursor", cursor, "--min-reward", "1")
+    first = polar("shards", "follow", tmp_path, "--json", "--cursor", cursor, "--reward", "1:")
     assert first.returncode == 0, first.stderr
     assert [json.loads(line)["sample_index"] for line in first.stdout.splitlines()] == [1, 2]
     assert "run complete: 2 trajectories" in first.stderr and "1 filtered out" in first.stderr
@@ -61,6 +61,8 @@ def test_bad_input_exits_2_without_traceback(tmp_path, make_traj):
     _run(tmp_path, make_traj)
     got = polar("shards", "export", tmp_path, "-o", tmp_path / "x.csv", "--format", "csv")
     assert got.returncode == 2 and "export format 'csv'" in got.stderr and not (tmp_path / "x.csv").exists()
+    got = polar("shards", "export", tmp_path, "-o", tmp_path / "x.jsonl", "--reward", "high")
+    assert got.returncode == 2 and "--reward 'high': expected LO:HI" in got.stderr
     (tmp_path / "cursor.json").write_text("{not json")
     got = polar("shards", "follow", tmp_path, "--cursor", tmp_path / "cursor.json")
     assert got.returncode == 2 and f"{tmp_path / 'cursor.json'}: not a readable shard cursor" in got.stderr
