@@ -5,7 +5,9 @@ with a loss mask and float32 logprobs) and the chat messages of each trace's las
 `ShardWriter.append` of every record (encoding, framing, CRC, periodic fdatasync, background
 seals with fsync and rename, index) until `close()` returns. Raw = the bytes those shards hold,
 written with one `write` and one `fsync` to a new file in the same folder. Read =
-`iter_trajectories` over the shards (checksums, decoding to Python lists). The best of `--rounds`
+`iter_trajectories` over the shards (checksums, decoding to Python lists). Encode = turning the
+records into their framed bytes alone (no file): the ceiling of the writer on this CPU, since
+packing Python int lists into int32 arrays costs ~15 ns per token. The best of `--rounds`
 alternating rounds is kept for each figure. Prints one JSON object as its last line.
 
     uv run python bench/shards.py [--records 100] [--rounds 2] [--dir DIR]
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 from polar_hpc.shards import ShardWriter, iter_trajectories
+from polar_hpc.shards.format import encode_trajectory, frame
 from polar_hpc.trajectory.model import Trace, Trajectory
 
 TRACES, PROMPT, RESPONSE = 50, 3072, 1024
@@ -85,7 +88,7 @@ def main() -> None:
     records = [make_record(rng, i) for i in range(args.records)]
     tokens = sum(r.n_tokens for r in records)
     root = Path(tempfile.mkdtemp(prefix="polar-bench-shards-", dir=args.dir))
-    write_s, raw_s, read_s = [], [], []
+    write_s, raw_s, read_s, encode_s = [], [], [], []
     try:
         for n in range(args.rounds):
             folder = root / f"round{n}"
@@ -101,6 +104,10 @@ def main() -> None:
             read_s.append(time.perf_counter() - t0)
             assert n_read == len(records)
             shutil.rmtree(folder)
+            t0 = time.perf_counter()
+            for r in records:
+                frame(encode_trajectory(r))
+            encode_s.append(time.perf_counter() - t0)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     mb = size / 1e6
@@ -108,6 +115,7 @@ def main() -> None:
         "write_MBps": round(mb / min(write_s), 1),
         "raw_write_MBps": round(mb / min(raw_s), 1),
         "write_ratio": round(min(raw_s) / min(write_s), 3),
+        "encode_MBps": round(mb / min(encode_s), 1),
         "read_records_per_s": round(len(records) / min(read_s), 1),
         "read_tokens_per_s": round(tokens / min(read_s)),
     }
