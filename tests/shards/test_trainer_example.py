@@ -40,3 +40,7 @@ def test_trainer_example_follows_a_running_job(tmp_path):
                      r"attention_mask \(6, \2\), loss_mask \(6, \2\), logprobs \(6, \2\), rewards \(6,\)", out, re.M)
     assert step, out
     assert "run complete: 2 groups, 0 strays skipped" in out
+    checked = polar("shards", "verify", run_dir)
+    assert checked.returncode == 0 and "ok: " in checked.stderr and " 6 records, 0 problems" in checked.stderr
+    listed = [json.loads(line) for line in polar("shards", "ls", run_dir, "--json").stdout.splitlines()]
+    assert listed and all(row["indexed"] for row in listed) and sum(row["records"] for row in listed) == 6
