@@ -33,6 +33,7 @@ class Decisions:
     def __init__(self, run_dir: Path) -> None:
         self.path = journal_path(run_dir)
         self.offset = 0
+        self.head = ""  # the journal's first line: tells runs apart
         self.queued: set[Key] = set()
         self.samples: Counter[str] = Counter()
         self.accepted: dict[Key, tuple[str, str]] = {}  # key -> (session, shard)
@@ -51,6 +52,8 @@ class Decisions:
             return False
         end = data.rfind(b"\n") + 1  # a last line without newline is still being written
         for line in data[:end].split(b"\n")[:-1]:
+            if not self.offset:
+                self.head = line.decode(errors="replace")
             try:
                 self._apply(json.loads(line))
             except (ValueError, KeyError, TypeError) as e:

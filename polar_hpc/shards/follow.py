@@ -116,6 +116,7 @@ class Follower:
         """The cursor as a JSON-able dict (what `commit` writes)."""
         return {
             "format": CURSOR_FORMAT,
+            "journal_head": self.decisions.head,
             "writers": {w: vars(p) for w, p in sorted(self.writers.items())},
             "undecided": [h.ref for h in self.undecided],
             "groups": {t: {"decided": self.decided[t], "held": [h.ref for h in g]} for t, g in self.groups.items()},
@@ -211,6 +212,10 @@ class Follower:
             }
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConfigError(f"{path}: not a readable shard cursor: {e}") from None
+        self.decisions.update()
+        if state.get("journal_head") and state["journal_head"] != self.decisions.head:
+            raise ConfigError(f"{path}: this cursor follows another run (its journal starts differently from "
+                              f"{self.decisions.path}); use a new cursor file")
         self.undecided = _reread(self.shards, undecided)
         for task, (decided, refs) in groups.items():
             self.decided[task] = decided

@@ -63,6 +63,12 @@ def test_bad_input_exits_2_without_traceback(tmp_path, make_traj):
     assert got.returncode == 2 and "export format 'csv'" in got.stderr and not (tmp_path / "x.csv").exists()
     got = polar("shards", "export", tmp_path, "-o", tmp_path / "x.jsonl", "--reward", "high")
     assert got.returncode == 2 and "--reward 'high': expected LO:HI" in got.stderr
+    other = tmp_path / "other"
+    (other / "shards").mkdir(parents=True)
+    journal(other, queued("x", 0))
+    assert polar("shards", "follow", other, "--cursor", tmp_path / "c.json", "--idle-timeout", "0").returncode == 0
+    got = polar("shards", "follow", tmp_path, "--cursor", tmp_path / "c.json")
+    assert got.returncode == 2 and "this cursor follows another run" in got.stderr
     (tmp_path / "cursor.json").write_text("{not json")
     got = polar("shards", "follow", tmp_path, "--cursor", tmp_path / "cursor.json")
     assert got.returncode == 2 and f"{tmp_path / 'cursor.json'}: not a readable shard cursor" in got.stderr
