@@ -146,7 +146,7 @@ def shards_export(
 
 @shards_app.command("follow")
 def shards_follow(
-    run_dir: Path = typer.Argument(..., help="The run directory (may still be running, or not started)."),
+    run_dir: Path = typer.Argument(..., help="The run directory (the job may still be running)."),
     cursor: Optional[Path] = typer.Option(None, help="Cursor file: a rerun with it continues where this one stopped."),
     json_lines: bool = _JSON,
     idle_timeout: Optional[float] = typer.Option(None, help="Stop after this many seconds with nothing new."),
@@ -157,8 +157,8 @@ def shards_follow(
     """Print each trajectory the journal accepted as its shard is sealed, until the run is complete."""
     from polar_hpc.shards import table
 
-    _guard(lambda: table.follow(run_dir, cursor, table.cli_filter(status, reward, weight_versions), json_lines,
-                                idle_timeout))
+    keep = _guard(lambda: table.cli_filter(status, reward, weight_versions))
+    raise typer.Exit(_guard(lambda: table.follow(run_dir, cursor, keep, json_lines, idle_timeout)))
 
 
 @app.command()

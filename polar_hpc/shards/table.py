@@ -114,21 +114,27 @@ def export(run_dir: Path, out: Path, fmt: str, keep: Filter) -> None:
     print(f"wrote {n} traces to {out}", file=sys.stderr)
 
 
-def follow(run_dir: Path, cursor: Path | None, keep: Filter, json_lines: bool, idle_timeout_s: float | None) -> None:
-    """Print each accepted trajectory as it is sealed, until the run is complete."""
+def follow(run_dir: Path, cursor: Path | None, keep: Filter, json_lines: bool, idle_timeout_s: float | None) -> int:
+    """Print each accepted trajectory as it is sealed, until the run is complete; the exit code
+    (130 when interrupted: rerun with the same cursor to continue)."""
     if not run_dir.is_dir():
         raise ConfigError(f"{run_dir}: no such run directory")
     console = Console(stderr=True)
     follower = Follower(run_dir, cursor=cursor, filter=keep, idle_timeout_s=idle_timeout_s)
-    for traj in follower:
-        row = {"task_id": traj.task_id, "sample_index": traj.sample_index, "status": traj.status,
-               "reward": traj.reward, "traces": len(traj.traces), "tokens": traj.n_tokens}
-        if json_lines:
-            sys.stdout.write(json.dumps(row) + "\n")
-            sys.stdout.flush()
-        else:
-            Console().print(" ".join(f"{k}={'' if v is None else v}" for k, v in row.items()), highlight=False)
+    code, end = 0, ""
+    try:
+        for traj in follower:
+            row = {"task_id": traj.task_id, "sample_index": traj.sample_index, "status": traj.status,
+                   "reward": traj.reward, "traces": len(traj.traces), "tokens": traj.n_tokens}
+            if json_lines:
+                sys.stdout.write(json.dumps(row) + "\n")
+                sys.stdout.flush()
+            else:
+                Console().print(" ".join(f"{k}={'' if v is None else v}" for k, v in row.items()), highlight=False)
+        end = "run complete" if follower.complete() else "stopped (idle)"
+    except KeyboardInterrupt:
+        code, end = 130, "interrupted"
     s = follower.stats
-    end = "run complete" if follower.complete() else "stopped (idle)"
     console.print(f"{end}: {s['handed_out']} trajectories, {s['strays']} strays skipped, "
                   f"{s['filtered']} filtered out, {s['problems']} damaged shards", highlight=False)
+    return code

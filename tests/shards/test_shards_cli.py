@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 from conftest import polar
 from polar_hpc.shards import ShardWriter
@@ -72,3 +73,28 @@ def test_bad_input_exits_2_without_traceback(tmp_path, make_traj):
     (tmp_path / "cursor.json").write_text("{not json")
     got = polar("shards", "follow", tmp_path, "--cursor", tmp_path / "cursor.json")
     assert got.returncode == 2 and f"{tmp_path / 'cursor.json'}: not a readable shard cursor" in got.stderr
+
+
+def test_follow_interrupted_keeps_its_place(tmp_path, make_traj):
+    import signal
+    import subprocess
+    import sys
+
+    _run(tmp_path, make_traj, n=2)
+    journal(tmp_path, queued("a", 2))  # never finishes: follow waits
+    cursor = tmp_path / "cursor.json"
+    proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "shards", "follow", str(tmp_path), "--json",
+                             "--cursor", str(cursor)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert json.loads(proc.stdout.readline())["sample_index"] == 0
+    assert json.loads(proc.stdout.readline())["sample_index"] == 1
+    deadline = time.monotonic() + 30
+    def committed():
+        return json.loads(cursor.read_text())["writers"]["gw0"]["seq"] if cursor.exists() else 0
+
+    while committed() < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the second one is committed once the follower asks for more
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted: 2 trajectories" in err and "Traceback" not in err
+    again = polar("shards", "follow", tmp_path, "--json", "--cursor", cursor, "--idle-timeout", "0.5")
+    assert again.returncode == 0 and again.stdout == "" and "stopped (idle)" in again.stderr
