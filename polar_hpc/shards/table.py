@@ -126,11 +126,8 @@ def follow(run_dir: Path, cursor: Path | None, keep: Filter, json_lines: bool, i
         for traj in follower:
             row = {"task_id": traj.task_id, "sample_index": traj.sample_index, "status": traj.status,
                    "reward": traj.reward, "traces": len(traj.traces), "tokens": traj.n_tokens}
-            if json_lines:
-                sys.stdout.write(json.dumps(row) + "\n")
-                sys.stdout.flush()
-            else:
-                Console().print(" ".join(f"{k}={'' if v is None else v}" for k, v in row.items()), highlight=False)
+            text = json.dumps(row) if json_lines else " ".join(f"{k}={'' if v is None else v}" for k, v in row.items())
+            print(text, flush=True)
         end = "run complete" if follower.complete() else "stopped (idle)"
     except KeyboardInterrupt:
         code, end = 130, "interrupted"
