@@ -107,7 +107,7 @@ class Follower:
         if not self.decisions.complete() or self.undecided or self.groups:
             return False
         for _, shard in self.decisions.accepted.values():
-            writer, seq = _parse_name(shard)
+            writer, seq = _parse_name(shard or "")
             if writer is not None and self.writers.get(writer, _Position()).seq < seq:
                 return False
         return True
