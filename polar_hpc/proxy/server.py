@@ -47,6 +47,7 @@ from polar_hpc.proxy.gateway_link import GatewayLink
 from polar_hpc.proxy.passthrough import Passthrough
 from polar_hpc.proxy.routing import Router
 from polar_hpc.proxy.tito import Renderer, Tito
+from polar_hpc.proxy.tool_parsers import PARSERS
 
 log = logging.getLogger("polar_hpc.proxy")
 
@@ -278,6 +279,8 @@ def _capture_mode(opts: ProxyOptions, router: Router):
         return Passthrough(router, opts.model)
     if opts.mode != "tito":
         raise ConfigError(f"proxy mode {opts.mode!r} is not known (tito, passthrough)")
+    if opts.tool_parser not in PARSERS:
+        raise ConfigError(f"tool parser {opts.tool_parser!r} is not known ({', '.join(PARSERS)})")
     try:
         renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
         return Tito(renderer, opts.tool_parser, router)

@@ -124,14 +124,17 @@ def test_failover_when_an_engine_stops_mid_session(short_tmp, gateway):
             stop(proc)
 
 
-def test_unloadable_tokenizer_is_exit_2(short_tmp, gateway, engine):
+@pytest.mark.parametrize("flags, problem", [
+    (["--tokenizer", "/nonexistent/model"], "cannot load the tokenizer in /nonexistent/model"),
+    (["--mode", "magic"], "proxy mode 'magic' is not known"),
+    (["--tool-parser", "xml"], "tool parser 'xml' is not known"),
+])
+def test_bad_options_are_exit_2(gateway, engine, flags, problem):
     done = subprocess.run(
         [sys.executable, "-m", "polar_hpc", "proxy", "--gateway", gateway.endpoint,
-         "--engine-url", engine[0], "--tokenizer", str(short_tmp / "missing")],
-        capture_output=True, text=True, timeout=60)
+         "--engine-url", engine[0], *flags], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "cannot load the tokenizer" in done.stderr and "missing" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert problem in done.stderr and "Traceback" not in done.stderr
 
 
 def test_strict_model_refuses_other_names(short_tmp, gateway, engine):
