@@ -25,6 +25,9 @@ class Passthrough:
     def __init__(self, router: Router, model: str) -> None:
         self.router, self.model = router, model
 
+    async def warm(self) -> None:
+        pass
+
     def forget(self, session_id: str) -> None:
         pass
 

@@ -308,6 +308,7 @@ async def _run(opts: ProxyOptions) -> None:
         asyncio.create_task(proxy.heartbeat_loop()),
         pump,
     ]
+    warming = asyncio.create_task(mode.warm())
     for task in tasks:
         task.add_done_callback(lambda t: _stop_on_end(t, stop))
     if opts.ready_file is not None:
@@ -319,9 +320,9 @@ async def _run(opts: ProxyOptions) -> None:
     finally:
         proxy.cancel_calls()
         await runner.cleanup()
-        for task in tasks[:2]:
+        for task in [*tasks[:2], warming]:
             task.cancel()
-        await asyncio.gather(*tasks[:2], return_exceptions=True)
+        await asyncio.gather(*tasks[:2], warming, return_exceptions=True)
         await link.close(pump)
         await router.close()
         ctx.term()

@@ -195,6 +195,15 @@ class Tito:
             log.info("tito: tokenizer %s, tool parser %s, context %d",
                      self.renderer.folder, self.parser.name, self.context_length)
 
+    async def warm(self) -> None:
+        """Load the tokenizer now if the engine answers, so the first call need not wait."""
+        try:
+            await self._prepare("")
+        except EngineError as e:
+            log.info("tito: tokenizer not loaded yet (%s); the first call will retry", e.message)
+        finally:
+            self.router.forget("")
+
     def forget(self, session_id: str) -> None:
         self._chains.pop(session_id, None)
 
