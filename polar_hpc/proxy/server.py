@@ -16,7 +16,7 @@ returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError befo
   (no key needed). A body naming another model is answered by the run's model, or refused (404)
   with `strict_model`.
 - Capture: `mode` tito (`tito.Tito`: the proxy renders with the model's tokenizer, from
-  `tokenizer` or, at the first call, the engine's /get_model_info `tokenizer_path`) or passthrough
+  `tokenizer` or, once an engine answers, the engine's /get_model_info `tokenizer_path`) or passthrough
   (`passthrough.Passthrough`); engines chosen by `routing.Router`.
 """
 

@@ -169,8 +169,9 @@ class Chains:
 
 
 class Tito:
-    """`renderer` may be None: then the engine's tokenizer and context length are looked up on
-    the first call (`/get_model_info` `tokenizer_path`, `/v1/models` `max_model_len`)."""
+    """`renderer` may be None: the engine's tokenizer (`/get_model_info` `tokenizer_path`) and
+    context length (`/v1/models` `max_model_len`) are then looked up by `warm()` (at start) or by
+    the first call."""
 
     def __init__(self, renderer: Renderer | None, parser_name: str, router: Router) -> None:
         self.renderer, self.parser_name, self.router = renderer, parser_name, router
