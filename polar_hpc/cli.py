@@ -91,11 +91,12 @@ def proxy(
     proxy_id: str = typer.Option("proxy", help="This proxy's name."),
     heartbeat_s: float = typer.Option(1.0, help="Heartbeat period towards the gateway."),
     peer_timeout_s: float = typer.Option(10.0, help="Exit when the gateway is silent this long."),
+    unix_socket: Optional[Path] = typer.Option(None, help="Also serve HTTP on this Unix socket path."),
 ) -> None:
     """Serve LLM APIs to harnesses from the engine, recording every call (started by the gateway)."""
     from polar_hpc.proxy.server import ProxyOptions, serve
 
-    serve(ProxyOptions(gateway, engine_url, host, port, ready_file, model, proxy_id, heartbeat_s, peer_timeout_s))
+    serve(ProxyOptions(gateway, engine_url, host, port, ready_file, model, proxy_id, heartbeat_s, peer_timeout_s, unix_socket))
 
 
 @shards_app.command("show")

@@ -19,7 +19,7 @@ from typing import Callable
 from polar_hpc import wire
 from polar_hpc.config import PoolConfig, Task
 from polar_hpc.harness import shell
-from polar_hpc.sandbox import Sandbox, SandboxError
+from polar_hpc.sandbox import Factory, Sandbox, SandboxError
 from polar_hpc.shards.writer import ShardWriter
 from polar_hpc.trajectory.builders import build
 from polar_hpc.trajectory.evaluators import evaluate
@@ -32,6 +32,7 @@ class ProxyLink:
     """What the pipeline needs of its proxy: open a session, close it and collect its records."""
 
     url: str
+    socket: Path | None = None  # the proxy's HTTP on a Unix socket, for sandboxes without network
 
     async def open(self, session_id: str, token: str) -> None: ...
 
@@ -55,14 +56,14 @@ class Pipeline:
     def __init__(
         self,
         pools: PoolConfig,
-        sandbox_cls: type[Sandbox],
+        make_sandbox: Factory,
         tmp_root: Path,
         proxy: ProxyLink,
         writer: ShardWriter,
         send: Callable[[wire.Message], None],
     ) -> None:
         self.pools = pools
-        self.sandbox_cls = sandbox_cls
+        self.make_sandbox = make_sandbox
         self.tmp_root = tmp_root
         self.proxy = proxy
         self.writer = writer
@@ -93,8 +94,10 @@ class Pipeline:
     async def _session(self, spec: wire.SessionSpec) -> None:
         task = Task.model_validate(spec.task)
         sid = spec.session_id
-        sandbox = self.sandbox_cls(
-            self.tmp_root / secrets.token_hex(8), task.sandbox.files, task.sandbox.prepare, task.sandbox.network
+        box = task.sandbox
+        sandbox = self.make_sandbox(
+            self.tmp_root / secrets.token_hex(8), box.files, box.prepare, box.network,
+            proxy_socket=self.proxy.socket, image=box.image, gpus=box.gpus,
         )
         t_start = time.time()
         outcome = _Outcome()
@@ -124,7 +127,7 @@ class Pipeline:
                 self._update(sid, "READY", outcome)
                 await self._move(holding, "RUN")
             self._update(sid, "RUN", outcome)
-            env = shell.environment(task, self.proxy.url, token, sid, sandbox.workspace)
+            env = shell.environment(task, sandbox.proxy_url(self.proxy.url), token, sid, sandbox.workspace)
             result = await sandbox.exec(task.harness.command, env, spec.deadline - time.time())
             outcome.marks["WAIT"] = time.time()  # harness ended; POSTRUN slot not yet taken
         except TimeoutError:
@@ -135,6 +138,8 @@ class Pipeline:
             return
         if result.timed_out:
             outcome.status = "timeout"
+        elif result.limit:
+            outcome.status, outcome.error = "error", f"harness killed: {result.limit}"
         elif result.returncode != 0:
             outcome.status = "error"
             outcome.error = f"harness exited with code {result.returncode}"

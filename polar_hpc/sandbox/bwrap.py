@@ -1,8 +1,10 @@
 """bubblewrap sandbox: read-only host root, private workspace and /tmp, every namespace unshared.
 
-The command runs as PID 1's child in a new PID namespace with `--die-with-parent`, so killing the
-bwrap process takes every process of the session with it. With network `none` the network
-namespace is unshared too; `host` and `proxy-only` keep the host network (loopback reaches the proxy).
+Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
+(or the command ending) takes every process it started with it: nothing outlives its command.
+With network `none` or `proxy-only` the command gets a network namespace with only loopback; the
+proxy's Unix socket is bound at /run/polar/proxy.sock and `inside.py` relays 127.0.0.1:47111 to it.
+With `host` the host network is shared.
 """
 
 from __future__ import annotations
@@ -27,12 +29,17 @@ def available() -> bool:
 
 class BwrapSandbox(Sandbox):
     name = "bwrap"
+    pid_namespace = True
+    user_namespace = True
+    isolates_network = True
 
     def _wrap(self, argv: list[str]) -> list[str]:
         ws, tmp = str(self.workspace), str(self.tmp)
-        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
         args += ["--bind", tmp, "/tmp", "--bind", ws, ws, "--chdir", ws]
         args += ["--unshare-all", "--die-with-parent", "--new-session"]
-        if self.network != "none":
+        if self.network == "host":
             args.append("--share-net")
+        elif self.relayed:
+            args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
         return args + ["--setenv", "TMPDIR", "/tmp", "--"] + argv
