@@ -114,7 +114,7 @@ class ApptainerSandbox(Sandbox):
         image = self.resolve_image()
         self.overlay.mkdir(parents=True, exist_ok=True)
         node_gate, image_gate = self.settings.gates(image)
-        async with node_gate, image_gate:
+        async with image_gate, node_gate:  # the node slot is taken only when the image allows
             if image.endswith(".sif") and self.settings.node_local_dir is not None:
                 image = await asyncio.to_thread(copy_to_node, Path(image), self.settings.node_local_dir)
             proc = await asyncio.create_subprocess_exec(

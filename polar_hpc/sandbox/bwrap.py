@@ -1,5 +1,8 @@
 """bubblewrap sandbox: read-only host root, private workspace and /tmp, every namespace unshared.
 
+The host's root is visible read-only (the harness runs the host's interpreters); the folder that
+holds the other sessions' sandboxes is hidden (a tmpfs over it, or under the private /tmp).
+
 Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
 (or the command ending) takes every process it started with it: nothing outlives its command.
 With network `none` or `proxy-only` the command gets a network namespace with only loopback; the
@@ -36,6 +39,8 @@ class BwrapSandbox(Sandbox):
     def _wrap(self, argv: list[str]) -> list[str]:
         ws, tmp = str(self.workspace), str(self.tmp)
         args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
+        if not self.root.parent.is_relative_to("/tmp"):  # hide the other sessions next to this one
+            args += ["--tmpfs", str(self.root.parent)]
         args += ["--bind", tmp, "/tmp", "--bind", ws, ws, "--chdir", ws]
         args += ["--unshare-all", "--die-with-parent", "--new-session"]
         if self.network == "host":
