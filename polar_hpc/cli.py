@@ -21,6 +21,8 @@ app = typer.Typer(
 
 shards_app = typer.Typer(help="Read the trajectory shards of a run.", no_args_is_help=True)
 app.add_typer(shards_app, name="shards")
+image_app = typer.Typer(help="Apptainer images for clusters (definitions in containers/).", no_args_is_help=True)
+app.add_typer(image_app, name="image")
 
 
 def _guard(fn):
@@ -108,6 +110,24 @@ def shards_show(
     from polar_hpc.shards.table import show
 
     _guard(lambda: show(run_dir, json_lines))
+
+
+@image_app.command("build")
+def image_build(
+    name: str = typer.Argument(..., help="gateway, harness-python, harness-node, or a path to a .def file."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="The SIF to write (default: NAME.sif here)."),
+    fakeroot: bool = typer.Option(True, help="Build with --fakeroot (rootless builds on clusters)."),
+) -> None:
+    """Build an Apptainer image (`apptainer build`); put the SIF on the shared filesystem."""
+    from polar_hpc.sandbox import images
+
+    out = output or Path(f"{Path(name).stem}.sif")
+    try:
+        code = _guard(lambda: images.build(name, out.resolve(), fakeroot))
+    except images.ImageError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 @app.command()

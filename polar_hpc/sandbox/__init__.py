@@ -37,19 +37,10 @@ def backend(config: SandboxConfig, node_tmp: Path) -> tuple[Factory, str | None]
         )
         return partial(apptainer.ApptainerSandbox, limits=limits, settings=settings), None
     if config.backend != "none" and bwrap.available():
-        return _plain(bwrap.BwrapSandbox, limits), None
+        return partial(bwrap.BwrapSandbox, limits=limits), None
     if config.backend == "bwrap":
         raise SandboxError("sandbox.backend is 'bwrap' but bubblewrap is not installed or cannot run here")
     warning = None
     if config.backend == "auto":
         warning = "bubblewrap not found or not usable: harnesses run WITHOUT a sandbox (backend 'none')"
-    return _plain(NoneSandbox, limits), warning
-
-
-def _plain(cls: type[Sandbox], limits: Limits) -> Factory:
-    """Backends without GPU options ignore `gpus`."""
-
-    def make(*args, gpus: bool = False, **kwargs) -> Sandbox:
-        return cls(*args, limits=limits, **kwargs)
-
-    return make
+    return partial(NoneSandbox, limits=limits), warning

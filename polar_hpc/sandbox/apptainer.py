@@ -62,10 +62,9 @@ class ApptainerSandbox(Sandbox):
     python = "python3"
     inside = _INSIDE_AT
 
-    def __init__(self, *args, settings: ApptainerSettings, gpus: bool = False, **kwargs) -> None:
+    def __init__(self, *args, settings: ApptainerSettings, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.settings = settings
-        self.gpus = gpus
         self.instance = f"polar-{self.marker}"
         self.overlay = self.root / "overlay"
         self._started = False

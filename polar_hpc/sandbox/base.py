@@ -71,6 +71,7 @@ class Sandbox:
         limits: Limits = Limits(),
         proxy_socket: Path | None = None,
         image: str | None = None,
+        gpus: bool = False,
     ) -> None:
         self.root = root
         self.workspace = root / "work"
@@ -81,6 +82,7 @@ class Sandbox:
         self.limits = limits
         self.proxy_socket = proxy_socket
         self.image = image
+        self.gpus = gpus  # backends that cannot give GPUs ignore it
         self.marker = secrets.token_hex(8)
         self._pgids: set[int] = set()
         self._cgroup: PidsCgroup | None = None
