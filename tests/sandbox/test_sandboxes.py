@@ -149,7 +149,8 @@ def test_none_backend_finds_daemons_but_only_a_cgroup_verifies(use_cgroup: bool,
     async def go():
         sb = NoneSandbox(tmp_path / "sb", {}, [], "host", limits=Limits(use_cgroup=use_cgroup))
         await sb.start()
-        await sb.exec(f"(setsid sleep {marker} > /dev/null 2>&1 &)", {}, 10)
+        await sb.exec(f"(setsid sh -c 'touch up; exec sleep {marker}' > /dev/null 2>&1 &);"
+                      " until [ -e up ]; do sleep 0.02; done", {}, 10)
         alive_after_exec = _alive(marker)
         return alive_after_exec, sb._cgroup is not None, await sb.stop()
 
