@@ -24,7 +24,7 @@ import zmq.asyncio
 from polar_hpc import procs, wire
 from polar_hpc.config import Topology, load_topology
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
-from polar_hpc.sandbox import backend
+from polar_hpc.sandbox import SandboxError, backend
 from polar_hpc.shards.writer import ShardWriter
 
 log = logging.getLogger("polar_hpc.gateway")
@@ -103,7 +103,11 @@ class _Gateway:
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, self.stopping.set)
         tmp_root = Path(tempfile.mkdtemp(prefix=f"polar-{opts.gateway_id}-", dir=opts.tmp_dir))
-        make_sandbox, warning = backend(self.topology.sandbox, tmp_root.parent)
+        try:
+            make_sandbox, warning = backend(self.topology.sandbox, tmp_root.parent)
+        except SandboxError as e:
+            log.error("%s", e)
+            return 2
         if warning:
             log.warning(warning)
         proxy_sock = self.ctx.socket(zmq.ROUTER)

@@ -141,10 +141,11 @@ class Sandbox:
             preexec_fn=self._cgroup.join if self._cgroup else None,
         )
         self._pgids.add(proc.pid)
+        hits = _pids_limit_hits(self._cgroup)
         reads = asyncio.gather(_read_capped(proc.stdout, cap), _read_capped(proc.stderr, cap))
         timed_out, limit = False, None
         try:
-            timed_out, limit = await self._watch(proc.pid, time.monotonic() + timeout_s)
+            timed_out, limit = await self._watch(proc.pid, time.monotonic() + timeout_s, hits)
         finally:  # on timeout, cancellation, or children left behind by a command that exited
             _kill_group(proc.pid)
         if limit:
@@ -167,7 +168,7 @@ class Sandbox:
         gone = await self._reap(timeout_s=3.0)
         await self._remove()
         if self._cgroup is not None:
-            gone = self._cgroup.remove() and gone
+            gone = await self._cgroup.remove() and gone
         return gone and (self._cgroup is not None or self.pid_namespace)
 
     # --- for backends ---------------------------------------------------------------------------
@@ -209,19 +210,23 @@ class Sandbox:
             raise SandboxError(f"{path!r} is outside the sandbox's workspace")
         return target
 
-    async def _watch(self, pid: int, deadline: float) -> tuple[bool, str | None]:
-        """Wait for `pid` to exit; (timed out, limit broken) when it must be killed first."""
+    async def _watch(self, pid: int, deadline: float, pids_hits: int) -> tuple[bool, str | None]:
+        """Wait for `pid` to exit or a limit to break: (timed out, the limit broken, if any).
+
+        A command that exits after a fork failed at the pids limit is reported as breaking it.
+        """
+        pids_limit = f"process limit reached (max_pids={self.limits.max_pids})"
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return True, None
             try:
                 await asyncio.wait_for(_exited(pid), min(left, _WATCH_S))
-                return False, None
+                return False, pids_limit if _pids_limit_hits(self._cgroup) > pids_hits else None
             except asyncio.TimeoutError:
                 pass
-            if self._cgroup is not None and _pids_limit_hit(self._cgroup):
-                return False, f"process limit reached (max_pids={self.limits.max_pids})"
+            if _pids_limit_hits(self._cgroup) > pids_hits:
+                return False, pids_limit
             if _disk_usage(self.root) > self.limits.max_disk_bytes:
                 return False, f"disk limit exceeded (max_disk_bytes={self.limits.max_disk_bytes})"
 
@@ -307,12 +312,15 @@ def _environ(pid: int) -> bytes:
         return b""
 
 
-def _pids_limit_hit(cgroup: PidsCgroup) -> bool:
+def _pids_limit_hits(cgroup: PidsCgroup | None) -> int:
+    """How many forks the sandbox's pids cgroup has refused so far (0 without one)."""
+    if cgroup is None:
+        return 0
     try:
         events = (cgroup.path / "pids.events").read_text().split()
     except OSError:
-        return False
-    return len(events) >= 2 and int(events[1]) > 0
+        return 0
+    return int(events[1]) if len(events) >= 2 else 0
 
 
 def _disk_usage(root: Path) -> int:

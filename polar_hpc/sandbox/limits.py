@@ -11,7 +11,9 @@ Where each bound is enforced (docs/sandbox.md has the table):
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,14 +63,19 @@ class PidsCgroup:
         except OSError:
             return []
 
-    def remove(self) -> bool:
-        try:
-            self.path.rmdir()
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return False
-        return True
+    async def remove(self, timeout_s: float = 2.0) -> bool:
+        """Remove the cgroup; it stays busy until its last (zombie) process is reaped."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.path.rmdir()
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError:
+                if time.monotonic() > deadline:
+                    return False
+            await asyncio.sleep(0.02)
 
 
 def _parents() -> list[Path]:

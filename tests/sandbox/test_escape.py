@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from e2e.helpers import live_processes_matching
 from polar_hpc.sandbox import Limits, bwrap
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 
@@ -175,17 +176,4 @@ def test_sigterm_ignorer_is_killed_at_the_deadline_and_nothing_survives_stop(tmp
     r, elapsed, clean = _run(go())
     assert r.timed_out and 1.4 < elapsed < 6
     assert clean
-    assert not _alive(marker)
-
-
-def _alive(marker: str) -> bool:
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-                state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if marker.encode() in cmd and state != "Z":
-                return True
-    return False
+    assert not live_processes_matching(marker)

@@ -4,6 +4,7 @@ and the relay, reaches nothing else, and a fork bomb ends its own session with a
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -33,12 +34,22 @@ def test_network_none_run(tmp_path: Path, calculator_dir: Path) -> None:
     by_task = {}
     for t in iter_trajectories(run_dir):
         by_task.setdefault(t.task_id, []).append(t)
-    assert [(t.status, t.reward) for t in by_task["calc"]] == [("completed", 1.0)] * 2
-    assert all(t.traces and "untrainable" not in t.metadata for t in by_task["calc"])
+    calc = by_task["calc"]
+    assert [(t.status, t.reward) for t in calc] == [("completed", 1.0)] * 2, [t.metadata for t in calc]
+    assert all(t.traces and "untrainable" not in t.metadata for t in calc), [t.metadata for t in calc]
     [outside] = by_task["outside"]
-    assert outside.status == "error" and "Network is unreachable" in outside.metadata["stderr_tail"]
+    assert outside.status == "error" and "Network is unreachable" in outside.metadata["stderr_tail"], outside.metadata
     [bomb] = by_task["bomb"]
-    assert bomb.status in ("error", "timeout")
+    assert bomb.status in ("error", "timeout"), bomb.metadata
     if bomb.status == "error":  # a pids cgroup here: the session is ended as soon as the limit is hit
         assert bomb.metadata["error"] == "harness killed: process limit reached (max_pids=64)"
     assert bomb.t_end - bomb.t_start < 50
+
+
+@pytest.mark.skipif(shutil.which("apptainer") is not None, reason="apptainer is installed here")
+def test_apptainer_backend_without_apptainer_fails_clearly(tmp_path: Path, calculator_dir: Path) -> None:
+    (tmp_path / "topology.yaml").write_text("sandbox:\n  backend: apptainer\n")
+    result = polar("run", calculator_dir / "task.yaml", "-c", tmp_path / "topology.yaml", "--run-dir", tmp_path / "run",
+                   timeout=60)
+    assert result.returncode == 1
+    assert "sandbox.backend is 'apptainer' but `apptainer` is not on PATH" in " ".join(result.stdout.split())

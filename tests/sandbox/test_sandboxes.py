@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.helpers import live_processes_matching
 from polar_hpc.sandbox import Limits, SandboxError, bwrap
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.sandbox.none import NoneSandbox
@@ -20,18 +21,6 @@ BACKENDS = [NoneSandbox, pytest.param(BwrapSandbox, marks=pytest.mark.skipif(
 def _run(coro):
     return asyncio.run(coro)
 
-
-def _alive(marker: str) -> bool:
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-                state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if marker.encode() in cmd and state != "Z":
-                return True
-    return False
 
 
 @pytest.mark.parametrize("cls", BACKENDS)
@@ -73,7 +62,7 @@ def test_timeout_kills_the_whole_tree(cls, tmp_path: Path) -> None:
     r, clean = _run(go())
     assert r.timed_out and r.returncode != 0
     assert clean
-    assert not _alive(marker)
+    assert not live_processes_matching(marker)
 
 
 @pytest.mark.skipif(not bwrap.available(), reason="bubblewrap not installed or not usable here")
@@ -151,12 +140,12 @@ def test_none_backend_finds_daemons_but_only_a_cgroup_verifies(use_cgroup: bool,
         await sb.start()
         await sb.exec(f"(setsid sh -c 'touch up; exec sleep {marker}' > /dev/null 2>&1 &);"
                       " until [ -e up ]; do sleep 0.02; done", {}, 10)
-        alive_after_exec = _alive(marker)
+        alive_after_exec = live_processes_matching(marker)
         return alive_after_exec, sb._cgroup is not None, await sb.stop()
 
     alive_after_exec, had_cgroup, verified = _run(go())
     if use_cgroup and not had_cgroup:
         pytest.skip("no pids cgroup can be made here")
     assert alive_after_exec  # a daemon outlives its command in the none backend...
-    assert not _alive(marker)  # ...but stop finds it by its environment marker and kills it
+    assert not live_processes_matching(marker)  # ...but stop finds it by its environment marker and kills it
     assert verified is use_cgroup  # without a cgroup the teardown is reported unverified
