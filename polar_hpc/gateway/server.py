@@ -104,7 +104,7 @@ class _Gateway:
             asyncio.get_running_loop().add_signal_handler(sig, self.stopping.set)
         tmp_root = Path(tempfile.mkdtemp(prefix=f"polar-{opts.gateway_id}-", dir=opts.tmp_dir))
         try:
-            make_sandbox, warning = backend(self.topology.sandbox, tmp_root.parent)
+            make_sandbox, warning = backend(self.topology.sandbox, tmp_root.parent, (opts.run_dir.resolve(),))
         except SandboxError as e:
             log.error("%s", e)
             return 2

@@ -17,13 +17,15 @@ __all__ = ["ExecResult", "Limits", "Sandbox", "SandboxError", "backend"]
 Factory = Callable[..., Sandbox]
 
 
-def backend(config: SandboxConfig, node_tmp: Path) -> tuple[Factory, str | None]:
+def backend(config: SandboxConfig, node_tmp: Path, hidden: tuple[Path, ...] = ()) -> tuple[Factory, str | None]:
     """A factory for `config.backend` (auto|bwrap|apptainer|none) and a warning when isolation is weaker.
 
-    The factory takes (root, files, prepare, network, proxy_socket=, image=, gpus=). `auto` means
-    bwrap where it works, else none; `apptainer` and `bwrap` fail when they cannot run here.
+    The factory takes (root, files, prepare, network, proxy_socket=, image=, gpus=). `hidden`
+    folders (the run directory) are kept out of sight where the backend can. `auto` means bwrap
+    where it works, else none; `apptainer` and `bwrap` fail when they cannot run here.
     """
     limits = Limits(config.max_pids, config.max_file_bytes, config.max_disk_bytes, config.max_output_bytes)
+    common = {"limits": limits, "hidden": hidden}
     if config.backend == "apptainer":
         if not apptainer.available():
             raise SandboxError("sandbox.backend is 'apptainer' but `apptainer` is not on PATH")
@@ -35,12 +37,12 @@ def backend(config: SandboxConfig, node_tmp: Path) -> tuple[Factory, str | None]
             starts_per_node=a.starts_per_node,
             starts_per_image=a.starts_per_image,
         )
-        return partial(apptainer.ApptainerSandbox, limits=limits, settings=settings), None
+        return partial(apptainer.ApptainerSandbox, settings=settings, **common), None
     if config.backend != "none" and bwrap.available():
-        return partial(bwrap.BwrapSandbox, limits=limits), None
+        return partial(bwrap.BwrapSandbox, **common), None
     if config.backend == "bwrap":
         raise SandboxError("sandbox.backend is 'bwrap' but bubblewrap is not installed or cannot run here")
     warning = None
     if config.backend == "auto":
         warning = "bubblewrap not found or not usable: harnesses run WITHOUT a sandbox (backend 'none')"
-    return partial(NoneSandbox, limits=limits), warning
+    return partial(NoneSandbox, **common), warning

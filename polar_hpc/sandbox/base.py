@@ -72,6 +72,7 @@ class Sandbox:
         proxy_socket: Path | None = None,
         image: str | None = None,
         gpus: bool = False,
+        hidden: tuple[Path, ...] = (),
     ) -> None:
         self.root = root
         self.workspace = root / "work"
@@ -83,6 +84,7 @@ class Sandbox:
         self.proxy_socket = proxy_socket
         self.image = image
         self.gpus = gpus  # backends that cannot give GPUs ignore it
+        self.hidden = hidden  # host folders the harness must not see (the run directory)
         self.marker = secrets.token_hex(8)
         self._pgids: set[int] = set()
         self._cgroup: PidsCgroup | None = None

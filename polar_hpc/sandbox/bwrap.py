@@ -1,7 +1,8 @@
 """bubblewrap sandbox: read-only host root, private workspace and /tmp, every namespace unshared.
 
 The host's root is visible read-only (the harness runs the host's interpreters); the folder that
-holds the other sessions' sandboxes is hidden (a tmpfs over it, or under the private /tmp).
+holds the other sessions' sandboxes and the `hidden` folders (the run directory, with its shards
+and keys) are covered by empty tmpfs mounts (those under /tmp are already behind the private /tmp).
 
 Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
 (or the command ending) takes every process it started with it: nothing outlives its command.
@@ -39,8 +40,9 @@ class BwrapSandbox(Sandbox):
     def _wrap(self, argv: list[str]) -> list[str]:
         ws, tmp = str(self.workspace), str(self.tmp)
         args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
-        if not self.root.parent.is_relative_to("/tmp"):  # hide the other sessions next to this one
-            args += ["--tmpfs", str(self.root.parent)]
+        for folder in (self.root.parent, *self.hidden):  # the other sessions next to this one; the run dir
+            if not folder.is_relative_to("/tmp") and folder.is_dir():
+                args += ["--tmpfs", str(folder)]
         args += ["--bind", tmp, "/tmp", "--bind", ws, ws, "--chdir", ws]
         args += ["--unshare-all", "--die-with-parent", "--new-session"]
         if self.network == "host":

@@ -53,8 +53,8 @@ class _Proxy:
         await self.runner.cleanup()
 
 
-def _box(root: Path, proxy_socket: Path | None = None, **limits) -> BwrapSandbox:
-    return BwrapSandbox(root, {}, [], "none", proxy_socket=proxy_socket, limits=Limits(**limits))
+def _box(root: Path, proxy_socket: Path | None = None, hidden: tuple[Path, ...] = (), **limits) -> BwrapSandbox:
+    return BwrapSandbox(root, {}, [], "none", proxy_socket=proxy_socket, limits=Limits(**limits), hidden=hidden)
 
 
 CONNECT = """
@@ -96,14 +96,16 @@ def test_other_sessions_and_host_paths(base: str) -> None:
     other = parent / "other"
     (other / "work").mkdir(parents=True)
     (other / "work" / "secret.txt").write_text("secret")
+    run_dir = Path(tempfile.mkdtemp(prefix="polar-run-", dir=base))
+    (run_dir / "rendezvous.json").write_text("keys")
     host_tmp = Path("/tmp") / f"polar-host-{os.getpid()}"
     host_tmp.write_text("host")
 
     async def go():
-        sb = _box(parent / "mine")
+        sb = _box(parent / "mine", hidden=(run_dir,))
         await sb.start()
         (sb.tmp / "own.txt").write_text("own")
-        peek = await sb.exec(f"cat {other}/work/secret.txt; ls {parent}", {}, 10)
+        peek = await sb.exec(f"cat {other}/work/secret.txt {run_dir}/rendezvous.json; ls {parent}", {}, 10)
         writes = await sb.exec(
             f"for p in /usr/polar-x /etc/polar-x {Path.home()}/polar-x; do"
             f" touch $p 2>/dev/null && echo WROTE $p; done; touch {parent}/polar-x; true", {}, 10)
@@ -113,7 +115,7 @@ def test_other_sessions_and_host_paths(base: str) -> None:
 
     try:
         peek, writes, wipe = _run(go())
-        assert b"secret" not in peek.stdout and b"other" not in peek.stdout
+        assert b"secret" not in peek.stdout and b"other" not in peek.stdout and b"keys" not in peek.stdout, peek
         assert writes.stdout == b""
         assert not any(Path(p).exists() for p in ["/usr/polar-x", "/etc/polar-x", parent / "polar-x"])
         assert not (Path.home() / "polar-x").exists()
@@ -123,6 +125,7 @@ def test_other_sessions_and_host_paths(base: str) -> None:
     finally:
         host_tmp.unlink()
         shutil.rmtree(parent)
+        shutil.rmtree(run_dir)
 
 
 def test_fork_bomb_is_bounded_and_ends_the_command(tmp_path: Path) -> None:
