@@ -104,6 +104,9 @@ class CommandEvaluator(_Model):
     kind: Literal["command"]
     command: str
     timeout_s: float = Field(60.0, gt=0)
+    # "session": run in the harness's sandbox as it left it; "fresh": in a new sandbox (the task's
+    # files and prepare, started while the harness runs) holding the harness's workspace at submission/
+    sandbox: Literal["session", "fresh"] = "session"
 
 
 class RewardFileEvaluator(_Model):

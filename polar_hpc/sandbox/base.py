@@ -116,7 +116,10 @@ class Sandbox:
         target = self._inside_workspace(dest)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            (shutil.copytree if src.is_dir() else shutil.copy2)(src, target)
+            if src.is_dir():
+                shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)  # links stay links
+            else:
+                shutil.copy2(src, target)
         except OSError as e:
             raise SandboxError(f"cannot upload {src} to {dest}: {e.strerror or e}") from None
 

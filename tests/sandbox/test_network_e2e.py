@@ -53,3 +53,18 @@ def test_apptainer_backend_without_apptainer_fails_clearly(tmp_path: Path, calcu
                    timeout=60)
     assert result.returncode == 1
     assert "sandbox.backend is 'apptainer' but `apptainer` is not on PATH" in " ".join(result.stdout.split())
+
+
+def test_fresh_evaluator_sandbox_is_not_the_one_the_harness_tampered_with(tmp_path: Path) -> None:
+    """The harness rewrites the task's check script to always pass; only a fresh sandbox sees the original."""
+    (tmp_path / "check.sh").write_text('test "$(cat submission/answer.txt)" = 42\n')
+    tamper = "echo 41 > answer.txt; echo 'exit 0' > check.sh"
+    tasks = [{"id": f"tamper-{where}", "instruction": "-", "harness": {"command": tamper},
+              "sandbox": {"files": {"check.sh": str(tmp_path / "check.sh")}, "prepare": ["mkdir -p submission"]},
+              "evaluator": {"kind": "command", "command": "sh check.sh", "sandbox": where}}
+             for where in ("session", "fresh")]
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    result = polar("run", tmp_path / "tasks.jsonl", "--run-dir", tmp_path / "run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rewards = {t.task_id: (t.status, t.reward, "untrainable" in t.metadata) for t in iter_trajectories(tmp_path / "run")}
+    assert rewards == {"tamper-session": ("completed", 1.0, False), "tamper-fresh": ("completed", 0.0, False)}
