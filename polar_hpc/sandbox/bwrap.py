@@ -13,10 +13,12 @@ With `host` the host network is shared.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 
-from polar_hpc.sandbox.base import Sandbox
+from polar_hpc.sandbox.base import INSIDE, Sandbox
 
 
 def available() -> bool:
@@ -31,11 +33,18 @@ def available() -> bool:
     return probe.returncode == 0
 
 
+def _interpreter_paths() -> list[str]:
+    """This interpreter's environment folders that live under /tmp (they must stay visible)."""
+    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    return sorted(p for p in paths if p == "/tmp" or p.startswith("/tmp/"))
+
+
 class BwrapSandbox(Sandbox):
     name = "bwrap"
     pid_namespace = True
     user_namespace = True
     isolates_network = True
+    inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
 
     def _wrap(self, argv: list[str]) -> list[str]:
         ws, tmp = str(self.workspace), str(self.tmp)
@@ -43,7 +52,10 @@ class BwrapSandbox(Sandbox):
         for folder in (self.root.parent, *self.hidden):  # the other sessions next to this one; the run dir
             if not folder.is_relative_to("/tmp") and folder.is_dir():
                 args += ["--tmpfs", str(folder)]
-        args += ["--bind", tmp, "/tmp", "--bind", ws, ws, "--chdir", ws]
+        args += ["--bind", tmp, "/tmp"]
+        for path in _interpreter_paths():  # a virtualenv under /tmp would be hidden by the private /tmp
+            args += ["--ro-bind", path, path]
+        args += ["--ro-bind", str(INSIDE), self.inside, "--bind", ws, ws, "--chdir", ws]
         args += ["--unshare-all", "--die-with-parent", "--new-session"]
         if self.network == "host":
             args.append("--share-net")
