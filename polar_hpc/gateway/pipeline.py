@@ -199,7 +199,8 @@ class Pipeline:
         reward = None
         if outcome.status == "completed" and task.evaluator is not None:
             reward = await self._evaluate(task, sandbox, records, outcome, metadata)
-        if not await sandbox.stop() or not await _stop_fresh(outcome.fresh):
+        clean = [await sandbox.stop(), await _stop_fresh(outcome.fresh)]
+        if not all(clean):
             metadata["untrainable"] = "sandbox teardown could not verify that no process survived"
         t_end = time.time()
         metadata["timings"] = outcome.timings(t_end)

@@ -123,7 +123,7 @@ class Sandbox:
         except OSError as e:
             raise SandboxError(f"cannot upload {src} to {dest}: {e.strerror or e}") from None
 
-    def download(self, path: str, dest: Path) -> None:
+    async def download(self, path: str, dest: Path) -> None:
         src = self._inside_workspace(path)
         if src.is_dir():
             shutil.copytree(src, dest, symlinks=True)  # links inside are copied as links, never followed
@@ -135,6 +135,7 @@ class Sandbox:
     ) -> ExecResult:
         """Run `command` (via /bin/sh -c) in the workspace; kill its whole tree at the timeout."""
         cap = self.limits.max_output if max_output is None else max_output
+        hits = _pids_limit_hits(self._cgroup)
         proc = await asyncio.create_subprocess_exec(
             *self._wrap(self._launcher(["/bin/sh", "-c", command])),
             cwd=self.workspace,
@@ -146,7 +147,6 @@ class Sandbox:
             preexec_fn=self._cgroup.join if self._cgroup else None,
         )
         self._pgids.add(proc.pid)
-        hits = _pids_limit_hits(self._cgroup)
         reads = asyncio.gather(_read_capped(proc.stdout, cap), _read_capped(proc.stderr, cap))
         timed_out, limit = False, None
         try:

@@ -100,12 +100,12 @@ def test_upload_download_refuse_paths_outside_the_workspace(cls, tmp_path: Path)
         await sb.start()
         await sb.upload(src, "a/b.txt")
         await sb.exec(f"ln -s {tmp_path} out; mkdir d; ln -s /etc/hostname d/link", {}, 10)
-        sb.download("a/b.txt", tmp_path / "back.txt")
-        sb.download("d", tmp_path / "d-copy")
+        await sb.download("a/b.txt", tmp_path / "back.txt")
+        await sb.download("d", tmp_path / "d-copy")
         with pytest.raises(SandboxError, match="outside the sandbox's workspace"):
             await sb.upload(src, "../escape.txt")
         with pytest.raises(SandboxError, match="outside the sandbox's workspace"):
-            sb.download("out/in.txt", tmp_path / "leak.txt")
+            await sb.download("out/in.txt", tmp_path / "leak.txt")
         await sb.stop()
 
     _run(go())
