@@ -47,7 +47,10 @@ def _usable() -> str | None:
     return None
 
 
-@pytest.mark.skipif(_usable() is not None, reason=str(_usable()))
+_UNUSABLE = _usable()
+
+
+@pytest.mark.skipif(_UNUSABLE is not None, reason=str(_UNUSABLE))
 def test_nproc_bounds_forks_inside_a_user_namespace() -> None:
     bounded = _as_nobody_in_bwrap(PY, str(INSIDE), "--nproc", "32", "--", PY, "-c", FORKS)
     unbounded = _as_nobody_in_bwrap(PY, str(INSIDE), "--", PY, "-c", FORKS)
