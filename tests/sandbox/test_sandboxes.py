@@ -47,6 +47,7 @@ def test_failed_prepare_raises_with_its_stderr(cls, tmp_path: Path) -> None:
     sb = cls(tmp_path / "sb", {}, ["echo no-such-tool >&2; exit 4"], "host")
     with pytest.raises(SandboxError, match="exited 4: no-such-tool"):
         _run(sb.start())
+    assert _run(sb.stop()) is (sb.pid_namespace or sb._cgroup is not None)
 
 
 @pytest.mark.parametrize("cls", BACKENDS)
