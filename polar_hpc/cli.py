@@ -21,6 +21,8 @@ app = typer.Typer(
 
 shards_app = typer.Typer(help="Read the trajectory shards of a run.", no_args_is_help=True)
 app.add_typer(shards_app, name="shards")
+image_app = typer.Typer(help="Apptainer images for clusters (definitions in containers/).", no_args_is_help=True)
+app.add_typer(image_app, name="image")
 
 
 def _guard(fn):
@@ -91,6 +93,7 @@ def proxy(
     proxy_id: str = typer.Option("proxy", help="This proxy's name."),
     heartbeat_s: float = typer.Option(1.0, help="Heartbeat period towards the gateway."),
     peer_timeout_s: float = typer.Option(10.0, help="Exit when the gateway is silent this long."),
+    unix_socket: Optional[Path] = typer.Option(None, help="Also serve HTTP on this Unix socket path."),
     mode: str = typer.Option("tito", help="Capture mode: tito (the proxy renders, /generate) or passthrough."),
     tokenizer: Optional[str] = typer.Option(None, help="tito: model folder with the tokenizer (default: the engine's)."),
     tool_parser: str = typer.Option("auto", help="tito: tool-call format: auto, hermes or qwen3_coder."),
@@ -101,7 +104,7 @@ def proxy(
 
     opts = ProxyOptions(
         gateway, tuple(engine_url), host, port, ready_file, model, proxy_id, heartbeat_s,
-        peer_timeout_s, mode, tokenizer, tool_parser, strict_model,
+        peer_timeout_s, unix_socket, mode, tokenizer, tool_parser, strict_model,
     )
     raise typer.Exit(_guard(lambda: serve(opts)))
 
@@ -167,6 +170,24 @@ def shards_follow(
 
     keep = _guard(lambda: table.cli_filter(status, reward, weight_versions))
     raise typer.Exit(_guard(lambda: table.follow(run_dir, cursor, keep, json_lines, idle_timeout)))
+
+
+@image_app.command("build")
+def image_build(
+    name: str = typer.Argument(..., help="gateway, harness-python, harness-node, or a path to a .def file."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="The SIF to write (default: NAME.sif here)."),
+    fakeroot: bool = typer.Option(True, help="Build with --fakeroot (rootless builds on clusters)."),
+) -> None:
+    """Build an Apptainer image (`apptainer build`); put the SIF on the shared filesystem."""
+    from polar_hpc.sandbox import images
+
+    out = output or Path(f"{Path(name).stem}.sif")
+    try:
+        code = _guard(lambda: images.build(name, out.resolve(), fakeroot))
+    except images.ImageError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    raise typer.Exit(code)
 
 
 @app.command()

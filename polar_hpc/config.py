@@ -63,8 +63,21 @@ class ProxyConfig(_Model):
     strict_model: bool = False  # refuse requests naming another model (default: serve ours)
 
 
+class ApptainerConfig(_Model):
+    image: str | None = None  # the image of tasks that name none
+    image_dir: str | None = None  # where relative image names are found (shared filesystem)
+    node_local_dir: str | None = None  # SIF images are copied here once per node (default: node tmp)
+    starts_per_node: int = Field(16, ge=1)
+    starts_per_image: int = Field(8, ge=1)
+
+
 class SandboxConfig(_Model):
-    backend: Literal["auto", "bwrap", "none"] = "auto"
+    backend: Literal["auto", "bwrap", "apptainer", "none"] = "auto"
+    max_pids: int = Field(512, ge=16)
+    max_file_bytes: int = Field(1 << 30, ge=1)
+    max_disk_bytes: int = Field(4 << 30, ge=1)
+    max_output_bytes: int = Field(1 << 20, ge=1)
+    apptainer: ApptainerConfig = ApptainerConfig()
 
 
 class Topology(_Model):
@@ -106,12 +119,16 @@ class TaskSandbox(_Model):
     files: dict[str, str] = {}  # destination in the workspace -> source path
     prepare: list[str] = []
     network: Literal["none", "proxy-only", "host"] = "host"
+    gpus: bool = False  # apptainer: --nv
 
 
 class CommandEvaluator(_Model):
     kind: Literal["command"]
     command: str
     timeout_s: float = Field(60.0, gt=0)
+    # "session": run in the harness's sandbox as it left it; "fresh": in a new sandbox (the task's
+    # files and prepare, started while the harness runs) holding the harness's workspace at submission/
+    sandbox: Literal["session", "fresh"] = "session"
 
 
 class RewardFileEvaluator(_Model):

@@ -5,6 +5,8 @@ giving up its current one, so a full stage holds the sessions behind it (backpre
 session waiting in READY already has a started, prepared sandbox. Leaving INIT returns one credit
 to the orchestrator. The session's deadline (set at dispatch) bounds INIT, the READY wait and RUN;
 POSTRUN always runs, so the calls captured so far become a trajectory whatever happened.
+A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
+is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from pathlib import Path
 from typing import Callable
 
 from polar_hpc import wire
-from polar_hpc.config import PoolConfig, Task
+from polar_hpc.config import CommandEvaluator, PoolConfig, Task
 from polar_hpc.harness import presets
-from polar_hpc.sandbox import Sandbox, SandboxError
+from polar_hpc.sandbox import Factory, Sandbox, SandboxError
 from polar_hpc.shards.writer import ShardWriter
 from polar_hpc.trajectory.builders import build
 from polar_hpc.trajectory.evaluators import evaluate
@@ -32,6 +34,7 @@ class ProxyLink:
     """What the pipeline needs of its proxy: open a session, close it and collect its records."""
 
     url: str
+    socket: Path | None = None  # the proxy's HTTP on a Unix socket, for sandboxes without network
 
     async def open(self, session_id: str, token: str) -> None: ...
 
@@ -44,6 +47,7 @@ class _Outcome:
     error: str | None = None
     metadata: dict = field(default_factory=dict)
     marks: dict[str, float] = field(default_factory=dict)  # stage -> unix time it was entered
+    fresh: asyncio.Task | None = None  # the evaluator's own sandbox, starting while the harness runs
 
     def timings(self, t_end: float) -> dict[str, float]:
         """Seconds spent in each stage the session went through (harness = RUN)."""
@@ -55,14 +59,14 @@ class Pipeline:
     def __init__(
         self,
         pools: PoolConfig,
-        sandbox_cls: type[Sandbox],
+        make_sandbox: Factory,
         tmp_root: Path,
         proxy: ProxyLink,
         writer: ShardWriter,
         send: Callable[[wire.Message], None],
     ) -> None:
         self.pools = pools
-        self.sandbox_cls = sandbox_cls
+        self.make_sandbox = make_sandbox
         self.tmp_root = tmp_root
         self.proxy = proxy
         self.writer = writer
@@ -93,9 +97,7 @@ class Pipeline:
     async def _session(self, spec: wire.SessionSpec) -> None:
         task = Task.model_validate(spec.task)
         sid = spec.session_id
-        sandbox = self.sandbox_cls(
-            self.tmp_root / secrets.token_hex(8), task.sandbox.files, task.sandbox.prepare, task.sandbox.network
-        )
+        sandbox = self._new_sandbox(task)
         t_start = time.time()
         outcome = _Outcome()
         holding = ["INIT"]
@@ -124,7 +126,10 @@ class Pipeline:
                 self._update(sid, "READY", outcome)
                 await self._move(holding, "RUN")
             self._update(sid, "RUN", outcome)
-            command, env = presets.launch(task, self.proxy.url, token, sid, sandbox.workspace)
+            if isinstance(task.evaluator, CommandEvaluator) and task.evaluator.sandbox == "fresh":
+                outcome.fresh = asyncio.create_task(self._start_fresh(task))
+            proxy_url = sandbox.proxy_url(self.proxy.url)
+            command, env = presets.launch(task, proxy_url, token, sid, sandbox.workspace)
             result = await sandbox.exec(command, env, spec.deadline - time.time())
             outcome.marks["WAIT"] = time.time()  # harness ended; POSTRUN slot not yet taken
         except TimeoutError:
@@ -135,11 +140,43 @@ class Pipeline:
             return
         if result.timed_out:
             outcome.status = "timeout"
+        elif result.limit:
+            outcome.status, outcome.error = "error", f"harness killed: {result.limit}"
         elif result.returncode != 0:
             outcome.status = "error"
             outcome.error = f"harness exited with code {result.returncode}"
         outcome.metadata["exit_code"] = result.returncode
         outcome.metadata["stderr_tail"] = result.stderr[-STDERR_TAIL:].decode(errors="replace")
+
+    def _new_sandbox(self, task: Task) -> Sandbox:
+        box = task.sandbox
+        return self.make_sandbox(
+            self.tmp_root / secrets.token_hex(8), box.files, box.prepare, box.network,
+            proxy_socket=self.proxy.socket, image=box.image, gpus=box.gpus,
+        )
+
+    async def _start_fresh(self, task: Task) -> Sandbox:
+        sandbox = self._new_sandbox(task)
+        try:
+            await sandbox.start()
+        except BaseException:
+            await sandbox.stop()
+            raise
+        return sandbox
+
+    async def _evaluate(self, task: Task, session_box: Sandbox, records, outcome: _Outcome, metadata: dict):
+        """The reward, from the session's sandbox or the fresh one holding its workspace at submission/."""
+        box = session_box
+        if outcome.fresh is not None:
+            try:
+                box = await outcome.fresh
+                await box.upload(session_box.workspace, "submission")
+            except SandboxError as e:
+                metadata["evaluation"] = f"fresh evaluator sandbox failed: {e}"
+                return None
+        evaluation = await evaluate(task.evaluator, box, records)
+        metadata["evaluation"] = evaluation.detail
+        return evaluation.reward
 
     async def _move(self, holding: list[str], stage: str) -> None:
         """Take a slot in `stage`, then give up the current one (READY of size 0 is skipped)."""
@@ -162,10 +199,9 @@ class Pipeline:
             metadata["error"] = outcome.error
         reward = None
         if outcome.status == "completed" and task.evaluator is not None:
-            evaluation = await evaluate(task.evaluator, sandbox, records)
-            reward = evaluation.reward
-            metadata["evaluation"] = evaluation.detail
-        if not await sandbox.stop():
+            reward = await self._evaluate(task, sandbox, records, outcome, metadata)
+        clean = [await sandbox.stop(), await _stop_fresh(outcome.fresh)]
+        if not all(clean):
             metadata["untrainable"] = "sandbox teardown could not verify that no process survived"
         t_end = time.time()
         metadata["timings"] = outcome.timings(t_end)
@@ -198,3 +234,12 @@ class Pipeline:
     def _update(self, session_id: str, state: str, outcome: _Outcome) -> None:
         t = outcome.marks[state] = time.time()
         self.send(wire.SessionUpdate(session_id=session_id, state=state, t=t))
+
+
+async def _stop_fresh(fresh: asyncio.Task | None) -> bool:
+    """Stop the evaluator's fresh sandbox (cancelling its start if still under way); True if clean."""
+    if fresh is None:
+        return True
+    fresh.cancel()  # no effect once started
+    [started] = await asyncio.gather(fresh, return_exceptions=True)
+    return await started.stop() if isinstance(started, Sandbox) else True  # a failed start tore itself down

@@ -24,7 +24,7 @@ import zmq.asyncio
 from polar_hpc import procs, wire
 from polar_hpc.config import Topology, load_topology
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
-from polar_hpc.sandbox import backend
+from polar_hpc.sandbox import SandboxError, backend
 from polar_hpc.shards.writer import ShardWriter
 
 log = logging.getLogger("polar_hpc.gateway")
@@ -42,8 +42,9 @@ class GatewayOptions:
 class ProxyChannel(ProxyLink):
     """The gateway's end of the proxy link (ROUTER over ipc)."""
 
-    def __init__(self, sock: zmq.asyncio.Socket) -> None:
+    def __init__(self, sock: zmq.asyncio.Socket, http_socket: Path) -> None:
         self.sock = sock
+        self.socket = http_socket
         self.identity: bytes | None = None
         self.url = ""
         self.hello = asyncio.Event()
@@ -101,19 +102,23 @@ class _Gateway:
         opts, gw = self.opts, self.topology.gateway
         for sig in (signal.SIGTERM, signal.SIGINT):
             asyncio.get_running_loop().add_signal_handler(sig, self.stopping.set)
-        sandbox_cls, warning = backend(self.topology.sandbox.backend)
+        tmp_root = Path(tempfile.mkdtemp(prefix=f"polar-{opts.gateway_id}-", dir=opts.tmp_dir))
+        try:
+            make_sandbox, warning = backend(self.topology.sandbox, tmp_root.parent, (opts.run_dir.resolve(),))
+        except SandboxError as e:
+            log.error("%s", e)
+            return 2
         if warning:
             log.warning(warning)
-        tmp_root = Path(tempfile.mkdtemp(prefix=f"polar-{opts.gateway_id}-", dir=opts.tmp_dir))
         proxy_sock = self.ctx.socket(zmq.ROUTER)
         proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
         proxy_sock.bind(proxy_endpoint)
-        self.proxy = ProxyChannel(proxy_sock)
-        proxy_proc = self._start_proxy(proxy_endpoint)
+        self.proxy = ProxyChannel(proxy_sock, tmp_root / "proxy-http.sock")
+        proxy_proc = self._start_proxy(proxy_endpoint, self.proxy.socket)
         self.orch = self.ctx.socket(zmq.DEALER)
         self.orch.connect(opts.orchestrator)
         self.writer = ShardWriter(opts.run_dir / "shards", opts.gateway_id, gw.shard_max_bytes, gw.shard_max_age_s)
-        self.pipeline = Pipeline(gw.pools, sandbox_cls, tmp_root, self.proxy, self.writer, self._to_orchestrator)
+        self.pipeline = Pipeline(gw.pools, make_sandbox, tmp_root, self.proxy, self.writer, self._to_orchestrator)
         self.liveness = wire.Liveness(gw.peer_timeout_s)
         loops = [
             asyncio.create_task(self._recv(proxy_sock, self._from_proxy)),
@@ -138,7 +143,7 @@ class _Gateway:
             self.ctx.destroy(linger=500)
         return self.exit_code
 
-    def _start_proxy(self, endpoint: str):
+    def _start_proxy(self, endpoint: str, http_socket: Path):
         opts, topo = self.opts, self.topology
         node = socket.gethostname()
         args = ["proxy", "--gateway", endpoint, "--engine-url", opts.engine_url, "--port", str(topo.proxy.port)]
@@ -147,6 +152,7 @@ class _Gateway:
         args += ["--tokenizer", topo.proxy.tokenizer] if topo.proxy.tokenizer else []
         args += ["--strict-model"] if topo.proxy.strict_model else []
         args += ["--heartbeat-s", str(topo.gateway.heartbeat_s), "--peer-timeout-s", str(topo.gateway.peer_timeout_s)]
+        args += ["--unix-socket", str(http_socket)]
         return procs.spawn("proxy", args, opts.run_dir / "logs" / f"proxy-{node}-{opts.gateway_id}.log")
 
     async def _wait_for_proxy(self, proxy_proc) -> None:

@@ -121,6 +121,8 @@ def _follow(endpoint: str, children: list[procs.Child], total: int, console: Con
 
 
 def _status(sock: zmq.Socket, children: list[procs.Child]) -> wire.StatusReply:
+    for child in children:  # a child that died (a gateway that could not start its sandboxes) ends the run
+        child.check()
     sock.send(wire.encode(wire.StatusRequest()))
     while not sock.poll(500):
         for child in children:

@@ -11,6 +11,8 @@ returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError befo
   CloseSession revokes the token (later calls get 401), cancels the session's in-flight calls
   (engine requests aborted, no record sent, the harness gets 401), then answers
   SessionClosed(n_calls = records sent). Records of a session are numbered from 0 as sent.
+- With `unix_socket` set, the same HTTP app is also served on that Unix socket path (sandboxes
+  with network `none` reach it through a relay).
 - HTTP: POST /v1/chat/completions (`openai_chat`), /v1/responses (`openai_responses`),
   /v1/messages (`anthropic`), each streaming or not, errors in the API's own shape; GET /v1/models
   (no key needed). A body naming another model is answered by the run's model, or refused (404)
@@ -65,6 +67,7 @@ class ProxyOptions:
     proxy_id: str = "proxy"
     heartbeat_s: float = 1.0
     peer_timeout_s: float = 10.0
+    unix_socket: Path | None = None  # also serve HTTP on this Unix socket (for sandboxes without network)
     mode: str = "tito"  # tito | passthrough
     tokenizer: str | None = None  # tito: the model folder; None: ask the engine
     tool_parser: str = "auto"
@@ -301,6 +304,8 @@ async def _run(opts: ProxyOptions) -> None:
     await runner.setup()
     await web.TCPSite(runner, opts.host, opts.port).start()
     url = f"http://{opts.host}:{runner.addresses[0][1]}"
+    if opts.unix_socket is not None:
+        await web.UnixSite(runner, str(opts.unix_socket)).start()
     link.send(wire.ProxyHello(proxy_id=opts.proxy_id, url=url))
     pump = asyncio.create_task(link.pump())
     tasks = [

@@ -1,20 +1,48 @@
-"""Sandboxes harnesses run in. `backend(name)` picks the class for a topology's sandbox.backend."""
+"""Sandboxes harnesses run in. `backend(config, tmp)` makes the factory for a topology's sandbox section."""
 
 from __future__ import annotations
 
-from polar_hpc.sandbox import bwrap
+from functools import partial
+from pathlib import Path
+from typing import Callable
+
+from polar_hpc.config import SandboxConfig
+from polar_hpc.sandbox import apptainer, bwrap
 from polar_hpc.sandbox.base import ExecResult, Sandbox, SandboxError
+from polar_hpc.sandbox.limits import Limits
 from polar_hpc.sandbox.none import NoneSandbox
 
-__all__ = ["ExecResult", "Sandbox", "SandboxError", "backend"]
+__all__ = ["ExecResult", "Limits", "Sandbox", "SandboxError", "backend"]
+
+Factory = Callable[..., Sandbox]
 
 
-def backend(name: str) -> tuple[type[Sandbox], str | None]:
-    """The sandbox class for `name` (auto|bwrap|none) and a warning when isolation is weaker."""
-    if name == "none":
-        return NoneSandbox, None
-    if bwrap.available():
-        return bwrap.BwrapSandbox, None
-    if name == "bwrap":
+def backend(config: SandboxConfig, node_tmp: Path, hidden: tuple[Path, ...] = ()) -> tuple[Factory, str | None]:
+    """A factory for `config.backend` (auto|bwrap|apptainer|none) and a warning when isolation is weaker.
+
+    The factory takes (root, files, prepare, network, proxy_socket=, image=, gpus=). `hidden`
+    folders (the run directory) are kept out of sight where the backend can. `auto` means bwrap
+    where it works, else none; `apptainer` and `bwrap` fail when they cannot run here.
+    """
+    limits = Limits(config.max_pids, config.max_file_bytes, config.max_disk_bytes, config.max_output_bytes)
+    common = {"limits": limits, "hidden": hidden}
+    if config.backend == "apptainer":
+        if not apptainer.available():
+            raise SandboxError("sandbox.backend is 'apptainer' but `apptainer` is not on PATH")
+        a = config.apptainer
+        settings = apptainer.ApptainerSettings(
+            image=a.image,
+            image_dir=Path(a.image_dir) if a.image_dir else None,
+            node_local_dir=Path(a.node_local_dir) if a.node_local_dir else node_tmp / "polar-images",
+            starts_per_node=a.starts_per_node,
+            starts_per_image=a.starts_per_image,
+        )
+        return partial(apptainer.ApptainerSandbox, settings=settings, **common), None
+    if config.backend != "none" and bwrap.available():
+        return partial(bwrap.BwrapSandbox, **common), None
+    if config.backend == "bwrap":
         raise SandboxError("sandbox.backend is 'bwrap' but bubblewrap is not installed or cannot run here")
-    return NoneSandbox, "bubblewrap not found or not usable: harnesses run WITHOUT a sandbox (backend 'none')"
+    warning = None
+    if config.backend == "auto":
+        warning = "bubblewrap not found or not usable: harnesses run WITHOUT a sandbox (backend 'none')"
+    return partial(NoneSandbox, **common), warning

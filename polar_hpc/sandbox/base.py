@@ -1,22 +1,40 @@
 """The one protocol every sandbox backend implements, and the process runner they share.
 
-A `Sandbox` owns a private workspace (its cwd) and a private tmp. `start()` copies the task's files
-in and runs its prepare commands; `exec()` runs one shell command with a timeout and an output cap;
-`stop()` kills every process the sandbox started and returns whether none is left. Backends differ
-only in how a command line is wrapped (`_wrap`).
+A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root` folder.
+- `start()` makes them (and, per backend, the container instance), uploads the task's files and
+  runs its prepare commands; `SandboxError` when any of that fails.
+- `exec(command, env, timeout_s, max_output)` runs `/bin/sh -c command` through `inside.py` (limits,
+  proxy relay) and kills the command's whole tree at the timeout or when it breaks a limit
+  (`ExecResult.limit` says which).
+- `upload(src, dest)` / `download(path, dest)` copy into / out of the workspace; a path that
+  leaves the workspace (`..`, a symlink out) is refused.
+- `cancel()` kills every process of the sandbox now; `stop()` does the same, removes the files,
+  and returns True only when it could verify that no process of the sandbox survives.
+
+Processes are found by three means: the process groups of the commands started, the environment
+marker `POLAR_SANDBOX_ID` every process inherits, and the sandbox's pids cgroup when there is one.
+Verification needs more than the marker (a daemon may clear its environment): a pids cgroup, or a
+backend whose commands run in their own PID namespace (`pid_namespace`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import shutil
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-MAX_OUTPUT = 1 << 20
+from polar_hpc.sandbox.limits import Limits, PidsCgroup
+
+MARKER = "POLAR_SANDBOX_ID"
+RELAY_PORT = 47111  # where a harness without network finds its proxy: http://127.0.0.1:47111
+INSIDE = Path(__file__).with_name("inside.py")
+_WATCH_S = 0.5
 
 
 @dataclass
@@ -25,6 +43,7 @@ class ExecResult:
     stdout: bytes
     stderr: bytes
     timed_out: bool
+    limit: str | None = None  # the limit the command broke and was killed for
 
 
 class SandboxError(Exception):
@@ -32,68 +51,144 @@ class SandboxError(Exception):
 
 
 class Sandbox:
-    """Base class: a workspace folder and process-group bookkeeping; subclasses wrap commands."""
+    """Base class: workspace, limits and process bookkeeping; subclasses wrap command lines."""
 
     name = "base"
+    pid_namespace = False  # each command runs in its own PID namespace, gone when it exits
+    user_namespace = False  # RLIMIT_NPROC inside counts only this sandbox's processes
+    isolates_network = False  # network none/proxy-only get a network namespace of their own
+    python = sys.executable  # the sandbox's python3, which runs inside.py
+    inside = str(INSIDE)  # inside.py, as the sandbox sees it
+    proxy_socket_inside = "/run/polar/proxy.sock"
 
-    def __init__(self, root: Path, files: dict[str, str], prepare: list[str], network: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        files: dict[str, str],
+        prepare: list[str],
+        network: str,
+        *,
+        limits: Limits = Limits(),
+        proxy_socket: Path | None = None,
+        image: str | None = None,
+        gpus: bool = False,
+        hidden: tuple[Path, ...] = (),
+    ) -> None:
         self.root = root
         self.workspace = root / "work"
         self.tmp = root / "tmp"
         self.files = files
         self.prepare = prepare
         self.network = network
+        self.limits = limits
+        self.proxy_socket = proxy_socket
+        self.image = image
+        self.gpus = gpus  # backends that cannot give GPUs ignore it
+        self.hidden = hidden  # host folders the harness must not see (the run directory)
+        self.marker = secrets.token_hex(8)
         self._pgids: set[int] = set()
+        self._cgroup: PidsCgroup | None = None
+
+    @property
+    def relayed(self) -> bool:
+        """The harness has no network of its own and reaches the proxy through the relay."""
+        return self.network != "host" and self.proxy_socket is not None and self.isolates_network
+
+    def proxy_url(self, host_url: str) -> str:
+        """The proxy's base URL as the harness inside must use it."""
+        return f"http://127.0.0.1:{RELAY_PORT}" if self.relayed else host_url
 
     async def start(self) -> None:
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
+        if self.limits.use_cgroup:
+            self._cgroup = PidsCgroup.create(f"sb-{self.marker}", self.limits.max_pids)
+        await self._launch()
         for dest, src in self.files.items():
-            target = self.workspace / dest
-            target.parent.mkdir(parents=True, exist_ok=True)
-            (shutil.copytree if Path(src).is_dir() else shutil.copy2)(src, target)
+            await self.upload(Path(src), dest)
         for command in self.prepare:
             result = await self.exec(command, env={}, timeout_s=600)
             if result.returncode != 0:
                 tail = result.stderr[-2000:].decode(errors="replace")
                 raise SandboxError(f"prepare command {command!r} exited {result.returncode}: {tail}")
 
+    async def upload(self, src: Path, dest: str) -> None:
+        target = self._inside_workspace(dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if src.is_dir():
+                shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)  # links stay links
+            else:
+                shutil.copy2(src, target)
+        except OSError as e:
+            raise SandboxError(f"cannot upload {src} to {dest}: {e.strerror or e}") from None
+
+    async def download(self, path: str, dest: Path) -> None:
+        src = self._inside_workspace(path)
+        if src.is_dir():
+            shutil.copytree(src, dest, symlinks=True)  # links inside are copied as links, never followed
+        else:
+            shutil.copy2(src, dest)
+
     async def exec(
-        self, command: str, env: dict[str, str], timeout_s: float, max_output: int = MAX_OUTPUT
+        self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None
     ) -> ExecResult:
         """Run `command` (via /bin/sh -c) in the workspace; kill its whole tree at the timeout."""
+        cap = self.limits.max_output if max_output is None else max_output
+        hits = _pids_limit_hits(self._cgroup)
         proc = await asyncio.create_subprocess_exec(
-            *self._wrap(["/bin/sh", "-c", command]),
+            *self._wrap(self._launcher(["/bin/sh", "-c", command])),
             cwd=self.workspace,
-            env=self._environment(env),
+            env=self._environment(env | {MARKER: self.marker}),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            preexec_fn=self._cgroup.join if self._cgroup else None,
         )
         self._pgids.add(proc.pid)
-        reads = asyncio.gather(_read_capped(proc.stdout, max_output), _read_capped(proc.stderr, max_output))
-        timed_out = False
+        reads = asyncio.gather(_read_capped(proc.stdout, cap), _read_capped(proc.stderr, cap))
+        timed_out, limit = False, None
         try:
-            await asyncio.wait_for(_exited(proc.pid), timeout_s)
-        except asyncio.TimeoutError:
-            timed_out = True
+            timed_out, limit = await self._watch(proc.pid, time.monotonic() + timeout_s, hits)
         finally:  # on timeout, cancellation, or children left behind by a command that exited
             _kill_group(proc.pid)
+        if limit:
+            await self.cancel()
         try:
             out, err = await asyncio.wait_for(reads, 5.0)
         except asyncio.TimeoutError:  # an escaped process still holds the pipes
             out, err = b"", b"(output lost: a process outside the sandbox's group held it open)"
         await proc.wait()
-        return ExecResult(proc.returncode, out, err, timed_out)
+        return ExecResult(proc.returncode, out, err, timed_out, limit)
+
+    async def cancel(self) -> None:
+        """Kill every process of the sandbox now (its files stay until `stop`)."""
+        await self._terminate()
+        await self._reap(timeout_s=2.0)
 
     async def stop(self) -> bool:
-        """Kill what is left, remove the sandbox's files; True when no process of it survives."""
-        for pgid in self._pgids:
-            _kill_group(pgid)
-        clean = await _groups_gone(self._pgids, timeout_s=2.0)
+        """Kill what is left, remove the sandbox's files; True when no process of it can survive."""
+        await self._terminate()
+        gone = await self._reap(timeout_s=3.0)
+        await self._remove()
+        if self._cgroup is not None:
+            gone = await self._cgroup.remove() and gone
+        return gone and (self._cgroup is not None or self.pid_namespace)
+
+    # --- for backends ---------------------------------------------------------------------------
+
+    async def _launch(self) -> None:
+        """Backend hook: start whatever lives as long as the sandbox (a container instance)."""
+
+    async def _terminate(self) -> None:
+        """Backend hook: stop that; the base then kills every process it can find."""
+
+    async def _remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
-        return clean
+
+    def _wrap(self, argv: list[str]) -> list[str]:
+        raise NotImplementedError
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         base = {
@@ -104,8 +199,66 @@ class Sandbox:
         }
         return base | env
 
-    def _wrap(self, argv: list[str]) -> list[str]:
-        raise NotImplementedError
+    # --- internals ------------------------------------------------------------------------------
+
+    def _launcher(self, argv: list[str]) -> list[str]:
+        args = [self.python, self.inside, "--fsize", str(self.limits.max_file_bytes)]
+        if self.user_namespace:
+            args += ["--nproc", str(self.limits.max_pids)]
+        if self.relayed:
+            args += ["--relay", f"{RELAY_PORT}={self.proxy_socket_inside}"]
+        return args + ["--"] + argv
+
+    def _inside_workspace(self, path: str) -> Path:
+        target = (self.workspace / path).resolve()
+        if not target.is_relative_to(self.workspace.resolve()):
+            raise SandboxError(f"{path!r} is outside the sandbox's workspace")
+        return target
+
+    async def _watch(self, pid: int, deadline: float, pids_hits: int) -> tuple[bool, str | None]:
+        """Wait for `pid` to exit or a limit to break: (timed out, the limit broken, if any).
+
+        A command that exits after a fork failed at the pids limit is reported as breaking it.
+        """
+        pids_limit = f"process limit reached (max_pids={self.limits.max_pids})"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True, None
+            try:
+                await asyncio.wait_for(_exited(pid), min(left, _WATCH_S))
+                return False, pids_limit if _pids_limit_hits(self._cgroup) > pids_hits else None
+            except asyncio.TimeoutError:
+                pass
+            if _pids_limit_hits(self._cgroup) > pids_hits:
+                return False, pids_limit
+            if _disk_usage(self.root) > self.limits.max_disk_bytes:
+                return False, f"disk limit exceeded (max_disk_bytes={self.limits.max_disk_bytes})"
+
+    def _survivors(self) -> set[int]:
+        found = set(self._cgroup.pids()) if self._cgroup else set()
+        needle = f"{MARKER}={self.marker}".encode()
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            state = _stat(pid)
+            if state is None or state[0] == "Z":
+                continue
+            if int(state[2]) in self._pgids or pid in found or needle in _environ(pid):
+                found.add(pid)
+        return {p for p in found if (s := _stat(p)) is not None and s[0] != "Z"}
+
+    async def _reap(self, timeout_s: float) -> bool:
+        """SIGKILL every process of the sandbox until none is left; False if some outlive `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while survivors := self._survivors():
+            if time.monotonic() > deadline:
+                return False
+            for pid in survivors:
+                _kill(pid)
+            await asyncio.sleep(0.01)
+        return True
 
 
 async def _exited(pid: int) -> None:
@@ -140,26 +293,48 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-async def _groups_gone(pgids: set[int], timeout_s: float) -> bool:
-    """Wait until no live process is left in any of `pgids` (SIGKILL takes a moment to land)."""
-    deadline = time.monotonic() + timeout_s
-    while any(_group_alive(p) for p in pgids):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
-def _group_alive(pgid: int) -> bool:
-    """A live (non-zombie) process is still in group `pgid`."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state first, pgrp third), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _environ(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _pids_limit_hits(cgroup: PidsCgroup | None) -> int:
+    """How many forks the sandbox's pids cgroup has refused so far (0 without one)."""
+    if cgroup is None:
+        return 0
+    try:
+        events = (cgroup.path / "pids.events").read_text().split()
+    except OSError:
+        return 0
+    return int(events[1]) if len(events) >= 2 else 0
+
+
+def _disk_usage(root: Path) -> int:
+    """Bytes allocated under `root` (symlinks not followed)."""
+    total = 0
+    for folder, dirs, files in os.walk(root):
+        for name in files + dirs:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total

@@ -1,8 +1,14 @@
 """bubblewrap sandbox: read-only host root, private workspace and /tmp, every namespace unshared.
 
-The command runs as PID 1's child in a new PID namespace with `--die-with-parent`, so killing the
-bwrap process takes every process of the session with it. With network `none` the network
-namespace is unshared too; `host` and `proxy-only` keep the host network (loopback reaches the proxy).
+The host's root is visible read-only (the harness runs the host's interpreters); the folder that
+holds the other sessions' sandboxes and the `hidden` folders (the run directory, with its shards
+and keys) are covered by empty tmpfs mounts (those under /tmp are already behind the private /tmp).
+
+Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
+(or the command ending) takes every process it started with it: nothing outlives its command.
+With network `none` or `proxy-only` the command gets a network namespace with only loopback; the
+proxy's Unix socket is bound at /run/polar/proxy.sock and `inside.py` relays 127.0.0.1:47111 to it.
+With `host` the host network is shared.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import shutil
 import subprocess
 import sys
 
-from polar_hpc.sandbox.base import Sandbox
+from polar_hpc.sandbox.base import INSIDE, Sandbox
 
 
 def available() -> bool:
@@ -35,15 +41,24 @@ def _interpreter_paths() -> list[str]:
 
 class BwrapSandbox(Sandbox):
     name = "bwrap"
+    pid_namespace = True
+    user_namespace = True
+    isolates_network = True
+    inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
 
     def _wrap(self, argv: list[str]) -> list[str]:
         ws, tmp = str(self.workspace), str(self.tmp)
-        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
+        for folder in (self.root.parent, *self.hidden):  # the other sessions next to this one; the run dir
+            if not folder.is_relative_to("/tmp") and folder.is_dir():
+                args += ["--tmpfs", str(folder)]
         args += ["--bind", tmp, "/tmp"]
         for path in _interpreter_paths():  # a virtualenv under /tmp would be hidden by the private /tmp
             args += ["--ro-bind", path, path]
-        args += ["--bind", ws, ws, "--chdir", ws]
+        args += ["--ro-bind", str(INSIDE), self.inside, "--bind", ws, ws, "--chdir", ws]
         args += ["--unshare-all", "--die-with-parent", "--new-session"]
-        if self.network != "none":
+        if self.network == "host":
             args.append("--share-net")
+        elif self.relayed:
+            args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
         return args + ["--setenv", "TMPDIR", "/tmp", "--"] + argv

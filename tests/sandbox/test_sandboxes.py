@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from polar_hpc.sandbox import SandboxError, bwrap
+from e2e.helpers import live_processes_matching
+from polar_hpc.sandbox import Limits, SandboxError, bwrap
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.sandbox.none import NoneSandbox
 
@@ -19,18 +21,6 @@ BACKENDS = [NoneSandbox, pytest.param(BwrapSandbox, marks=pytest.mark.skipif(
 def _run(coro):
     return asyncio.run(coro)
 
-
-def _alive(marker: str) -> bool:
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cmd = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-                state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if marker.encode() in cmd and state != "Z":
-                return True
-    return False
 
 
 @pytest.mark.parametrize("cls", BACKENDS)
@@ -57,6 +47,7 @@ def test_failed_prepare_raises_with_its_stderr(cls, tmp_path: Path) -> None:
     sb = cls(tmp_path / "sb", {}, ["echo no-such-tool >&2; exit 4"], "host")
     with pytest.raises(SandboxError, match="exited 4: no-such-tool"):
         _run(sb.start())
+    assert _run(sb.stop()) is (sb.pid_namespace or sb._cgroup is not None)
 
 
 @pytest.mark.parametrize("cls", BACKENDS)
@@ -72,7 +63,7 @@ def test_timeout_kills_the_whole_tree(cls, tmp_path: Path) -> None:
     r, clean = _run(go())
     assert r.timed_out and r.returncode != 0
     assert clean
-    assert not _alive(marker)
+    assert not live_processes_matching(marker)
 
 
 @pytest.mark.skipif(not bwrap.available(), reason="bubblewrap not installed or not usable here")
@@ -98,3 +89,64 @@ def test_bwrap_isolation(tmp_path: Path) -> None:
     interfaces = [line.split(":")[0].strip() for line in net.stdout.decode().splitlines()[2:]]
     assert interfaces == ["lo"]
     assert int(pid.stdout) < 10  # its own PID namespace
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_upload_download_refuse_paths_outside_the_workspace(cls, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("data")
+
+    async def go():
+        sb = cls(tmp_path / "sb", {}, [], "host")
+        await sb.start()
+        await sb.upload(src, "a/b.txt")
+        await sb.exec(f"ln -s {tmp_path} out; mkdir d; ln -s /etc/hostname d/link", {}, 10)
+        await sb.download("a/b.txt", tmp_path / "back.txt")
+        await sb.download("d", tmp_path / "d-copy")
+        with pytest.raises(SandboxError, match="outside the sandbox's workspace"):
+            await sb.upload(src, "../escape.txt")
+        with pytest.raises(SandboxError, match="outside the sandbox's workspace"):
+            await sb.download("out/in.txt", tmp_path / "leak.txt")
+        await sb.stop()
+
+    _run(go())
+    assert (tmp_path / "back.txt").read_text() == "data"
+    assert (tmp_path / "d-copy" / "link").is_symlink()  # copied as a link, not followed
+    assert not (tmp_path / "escape.txt").exists() and not (tmp_path / "leak.txt").exists()
+
+
+@pytest.mark.parametrize("cls", BACKENDS)
+def test_cancel_ends_a_running_command_now(cls, tmp_path: Path) -> None:
+    async def go():
+        sb = cls(tmp_path / "sb", {}, [], "host")
+        await sb.start()
+        running = asyncio.create_task(sb.exec("sleep 60", {}, 60))
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        await sb.cancel()
+        r = await running
+        return r, time.monotonic() - t0, await sb.stop()
+
+    r, elapsed, clean = _run(go())
+    assert r.returncode != 0 and not r.timed_out and elapsed < 5
+    assert clean
+
+
+@pytest.mark.parametrize("use_cgroup", [True, False])
+def test_none_backend_finds_daemons_but_only_a_cgroup_verifies(use_cgroup: bool, tmp_path: Path) -> None:
+    marker = f"8{os.getpid() % 100000:05d}{int(use_cgroup)}"
+
+    async def go():
+        sb = NoneSandbox(tmp_path / "sb", {}, [], "host", limits=Limits(use_cgroup=use_cgroup))
+        await sb.start()
+        await sb.exec(f"(setsid sh -c 'touch up; exec sleep {marker}' > /dev/null 2>&1 &);"
+                      " until [ -e up ]; do sleep 0.02; done", {}, 10)
+        alive_after_exec = live_processes_matching(marker)
+        return alive_after_exec, sb._cgroup is not None, await sb.stop()
+
+    alive_after_exec, had_cgroup, verified = _run(go())
+    if use_cgroup and not had_cgroup:
+        pytest.skip("no pids cgroup can be made here")
+    assert alive_after_exec  # a daemon outlives its command in the none backend...
+    assert not live_processes_matching(marker)  # ...but stop finds it by its environment marker and kills it
+    assert verified is use_cgroup  # without a cgroup the teardown is reported unverified

@@ -1,0 +1,142 @@
+"""Sandbox start cost, and how busy a gateway's RUN slots stay with and without the READY pool.
+
+- cold_start_ms: a real sandbox (bwrap where usable, else none) from nothing to its first command
+  done: `start()` (workspace, one uploaded file, limits) + `exec("true")`; median of --starts.
+- The staged run drives the gateway's real `Pipeline` (its stages, slots, credits and shard writer)
+  with a synthetic sandbox: init (start) = run/2, harness (exec) = run, postrun (teardown) = run/4,
+  16 sessions per RUN slot, credits answered at once as the orchestrator would.
+  - with pool: the sandbox starts in INIT and waits started in READY (the pipeline as it runs).
+  - without pool: the same work with the sandbox start paid inside the RUN slot (start is
+    instant, exec sleeps init + run), i.e. a gateway that starts a sandbox only once it may run.
+  run_slot_busy_* = harness (run) time / (RUN slots x span from first harness start to last end).
+- pooled_acquire_ms: with the pool, mean time from a RUN slot coming free (a harness ending) to
+  the next session's harness command being issued in its already-started sandbox.
+
+    uv run python bench/sandbox.py [--run-s 0.2] [--slots 4] [--starts 10]
+
+Prints one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from polar_hpc import wire
+from polar_hpc.config import PoolConfig, SandboxConfig, Task
+from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
+from polar_hpc.sandbox import ExecResult, Sandbox, backend
+from polar_hpc.shards.writer import ShardWriter
+
+
+async def cold_start_ms(tmp: Path, n: int) -> tuple[float, str]:
+    make, _ = backend(SandboxConfig(), tmp)
+    (tmp / "agent.py").write_text("print('hi')\n")
+    spans, name = [], ""
+    for i in range(n):
+        t0 = time.perf_counter()
+        sb = make(tmp / f"cold{i}", {"agent.py": str(tmp / "agent.py")}, [], "none")
+        await sb.start()
+        await sb.exec("true", {}, 30)
+        spans.append(time.perf_counter() - t0)
+        name = sb.name
+        await sb.stop()
+    return 1000 * statistics.median(spans), name
+
+
+class _Proxy(ProxyLink):
+    url = "http://127.0.0.1:1"
+
+    async def open(self, session_id: str, token: str) -> None:
+        return None
+
+    async def close(self, session_id: str) -> list[wire.CallRecord]:
+        return []
+
+
+class _Staged(Sandbox):
+    """Sleeps instead of work; records when each harness ran."""
+
+    init_s = run_s = post_s = 0.0
+    runs: list[tuple[float, float]] = []
+
+    async def start(self) -> None:
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        await asyncio.sleep(self.init_s)
+
+    async def exec(self, command, env, timeout_s, max_output=None) -> ExecResult:
+        t0 = time.perf_counter()
+        await asyncio.sleep(self.run_s)
+        self.runs.append((t0, time.perf_counter()))
+        return ExecResult(0, b"", b"", False)
+
+    async def stop(self) -> bool:
+        await asyncio.sleep(self.post_s)
+        return True
+
+
+async def staged(tmp: Path, run_s: float, slots: int, pooled: bool) -> tuple[float, float]:
+    """(RUN slot busy fraction, mean pooled acquire ms) of one staged run."""
+    init_s = run_s / 2
+
+    class Box(_Staged):
+        runs = []
+
+    Box.init_s, Box.run_s, Box.post_s = (init_s, run_s, run_s / 4) if pooled else (0.0, init_s + run_s, run_s / 4)
+    task = Task.model_validate({"id": "staged", "instruction": "-", "harness": {"command": "work"}})
+    n = 16 * slots
+    specs = [wire.SessionSpec(f"s{i}", task.model_dump(), i, 0, time.time() + 3600) for i in range(n)]
+    done = asyncio.Event()
+    results = 0
+
+    def send(msg: wire.Message) -> None:
+        nonlocal results
+        if isinstance(msg, wire.Credit):
+            for _ in range(msg.n):
+                if specs:
+                    pipeline.assign(specs.pop(0))
+        elif isinstance(msg, wire.Result):
+            results += 1
+            if results == n:
+                done.set()
+
+    pools = PoolConfig(init=slots, ready=slots, run=slots, postrun=slots)
+    writer = ShardWriter(tmp / f"shards-{pooled}", "bench", 64 << 20, 3600)
+    pipeline = Pipeline(pools, Box, tmp / f"boxes-{pooled}", _Proxy(), writer, send)
+    send(wire.Credit(n=pools.init))
+    await done.wait()
+    writer.close()
+    starts = sorted(s for s, _ in Box.runs)
+    ends = sorted(e for _, e in Box.runs)
+    busy = len(Box.runs) * run_s / (slots * (ends[-1] - starts[0]))
+    gaps = [s - e for s, e in zip(starts[slots:], ends)]
+    return busy, 1000 * statistics.mean(gaps)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--run-s", type=float, default=0.2, help="synthetic harness time per session")
+    ap.add_argument("--slots", type=int, default=4, help="RUN slots")
+    ap.add_argument("--starts", type=int, default=10, help="cold starts to take the median of")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="polar-bench-") as d:
+        tmp = Path(d)
+        cold, name = await cold_start_ms(tmp, args.starts)
+        busy_pool, acquire = await staged(tmp, args.run_s, args.slots, pooled=True)
+        busy_nopool, _ = await staged(tmp, args.run_s, args.slots, pooled=False)
+    print(f"backend {name}; {args.slots} RUN slots x 16 sessions, run {args.run_s}s, init run/2, postrun run/4")
+    print(json.dumps({
+        "cold_start_ms": round(cold, 2),
+        "pooled_acquire_ms": round(acquire, 3),
+        "run_slot_busy_with_pool": round(busy_pool, 3),
+        "run_slot_busy_without_pool": round(busy_nopool, 3),
+    }))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

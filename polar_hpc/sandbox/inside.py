@@ -1,0 +1,95 @@
+"""Runs INSIDE a sandbox, under the sandbox's own python3 (stdlib only): limits, proxy relay, exec.
+
+    python3 inside.py [--nproc N] [--fsize BYTES] [--relay PORT=SOCKET] -- ARGV...
+
+- `--nproc N`: RLIMIT_NPROC. Inside a fresh user namespace (bwrap, apptainer) the kernel counts
+  only this sandbox's processes against it, so it bounds a fork bomb; it is not enforced for a
+  process whose user is root outside every namespace (there the gateway uses a pids cgroup).
+- `--fsize BYTES`: RLIMIT_FSIZE, the largest file any process may write (`yes > file` stops there).
+- `--relay PORT=SOCKET`: listen on 127.0.0.1:PORT *before* ARGV starts and relay each connection
+  to the Unix socket SOCKET (the proxy's), so a harness with no network still reaches its proxy
+  at an ordinary http URL. The relay is a forked child that dies with ARGV (PR_SET_PDEATHSIG).
+  A port already taken (a relay of an earlier exec still alive in a shared namespace) is reused.
+
+Then it execs ARGV, so ARGV's exit status is the sandbox command's.
+"""
+
+import ctypes
+import os
+import resource
+import signal
+import socket
+import sys
+import threading
+
+_PR_SET_PDEATHSIG = 1
+
+
+def main(argv):
+    split = argv.index("--")
+    opts, command = argv[:split], argv[split + 1 :]
+    relay = None
+    for flag, value in zip(opts[::2], opts[1::2]):
+        if flag == "--nproc":
+            resource.setrlimit(resource.RLIMIT_NPROC, (int(value), int(value)))
+        elif flag == "--fsize":
+            resource.setrlimit(resource.RLIMIT_FSIZE, (int(value), int(value)))
+        elif flag == "--relay":
+            port, path = value.split("=", 1)
+            relay = (int(port), path)
+    if relay is not None:
+        _start_relay(*relay)
+    os.execvp(command[0], command)
+
+
+def _start_relay(port, path):
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("127.0.0.1", port))
+    except OSError:  # an earlier exec's relay still serves this namespace
+        listener.close()
+        return
+    listener.listen(128)
+    parent = os.getpid()
+    if os.fork() != 0:
+        listener.close()
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(0)
+    os.closerange(0, 3)
+    while True:
+        client, _ = listener.accept()
+        threading.Thread(target=_serve, args=(client, path), daemon=True).start()
+
+
+def _serve(client, path):
+    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        upstream.connect(path)
+    except OSError:
+        client.close()
+        return
+    back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+    back.start()
+    _pipe(client, upstream)
+    back.join()
+    client.close()
+    upstream.close()
+
+
+def _pipe(src, dst):
+    try:
+        while True:
+            data = src.recv(65536)
+            if not data:
+                break
+            dst.sendall(data)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
