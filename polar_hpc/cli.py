@@ -85,7 +85,7 @@ def gateway(
 @app.command()
 def proxy(
     gateway: str = typer.Option(..., help="The gateway's ipc endpoint."),
-    engine_url: str = typer.Option(..., help="Engine base URL."),
+    engine_url: list[str] = typer.Option(..., help="Engine base URL; repeat for several engines."),
     host: str = typer.Option("127.0.0.1", help="Address harnesses connect to."),
     port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
     ready_file: Optional[Path] = typer.Option(None, help="Write {'url': ...} here once listening."),
@@ -94,11 +94,19 @@ def proxy(
     heartbeat_s: float = typer.Option(1.0, help="Heartbeat period towards the gateway."),
     peer_timeout_s: float = typer.Option(10.0, help="Exit when the gateway is silent this long."),
     unix_socket: Optional[Path] = typer.Option(None, help="Also serve HTTP on this Unix socket path."),
+    mode: str = typer.Option("tito", help="Capture mode: tito (the proxy renders, /generate) or passthrough."),
+    tokenizer: Optional[str] = typer.Option(None, help="tito: model folder with the tokenizer (default: the engine's)."),
+    tool_parser: str = typer.Option("auto", help="tito: tool-call format: auto, hermes or qwen3_coder."),
+    strict_model: bool = typer.Option(False, help="Refuse (404) requests naming another model."),
 ) -> None:
-    """Serve LLM APIs to harnesses from the engine, recording every call (started by the gateway)."""
+    """Serve LLM APIs to harnesses from the engines, recording every call (started by the gateway)."""
     from polar_hpc.proxy.server import ProxyOptions, serve
 
-    serve(ProxyOptions(gateway, engine_url, host, port, ready_file, model, proxy_id, heartbeat_s, peer_timeout_s, unix_socket))
+    opts = ProxyOptions(
+        gateway, tuple(engine_url), host, port, ready_file, model, proxy_id, heartbeat_s,
+        peer_timeout_s, unix_socket, mode, tokenizer, tool_parser, strict_model,
+    )
+    raise typer.Exit(_guard(lambda: serve(opts)))
 
 
 _RUN_DIR = typer.Argument(..., help="The run directory.")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import pydantic
+import pydantic_core
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +35,7 @@ class EngineConfig(_Model):
     token_delay_ms: float = Field(0.0, ge=0)
     weight_version: str = "v0"
     sample_log: bool = False  # scripted engine: log every generation to <run>/logs/engine-samples.jsonl
+    context_length: int = Field(8192, ge=16)  # scripted engine: longest prompt + output, in tokens
 
 
 class PoolConfig(_Model):
@@ -54,8 +56,11 @@ class GatewayConfig(_Model):
 
 
 class ProxyConfig(_Model):
-    mode: Literal["passthrough"] = "passthrough"
+    mode: Literal["tito", "passthrough"] = "tito"  # tito: the proxy renders; passthrough: the engine
     port: int = Field(0, ge=0, le=65535)
+    tokenizer: str | None = None  # tito: model folder (default: the engine's tokenizer_path)
+    tool_parser: Literal["auto", "hermes", "qwen3_coder"] = "auto"
+    strict_model: bool = False  # refuse requests naming another model (default: serve ours)
 
 
 class ApptainerConfig(_Model):
@@ -87,9 +92,26 @@ class Topology(_Model):
 
 
 class HarnessSpec(_Model):
-    kind: Literal["shell"] = "shell"
-    command: str
+    """`shell` runs `command`; a preset writes its harness's config and runs it (`command`, if
+    given, replaces the preset's command line)."""
+
+    kind: Literal["shell", "mini_swe_agent", "codex", "claude_code", "opencode", "qwen_code"] = "shell"
+    command: str | None = None
     env: dict[str, str] = {}
+
+    @pydantic.model_validator(mode="wrap")
+    @classmethod
+    def _shell_needs_command(cls, data: Any, handler: Any) -> HarnessSpec:
+        """A shell harness without `command` is a missing field, reported with any others."""
+        if not (isinstance(data, dict) and data.get("kind", "shell") == "shell" and "command" not in data):
+            return handler(data)
+        errors: list[Any] = []
+        try:
+            handler(data)
+        except pydantic.ValidationError as e:
+            errors = [{k: v for k, v in err.items() if k in ("type", "loc", "input", "ctx")} for err in e.errors()]
+        errors.append({"type": "missing", "loc": ("command",), "input": data})
+        raise pydantic_core.ValidationError.from_exception_data(cls.__name__, errors)
 
 
 class TaskSandbox(_Model):

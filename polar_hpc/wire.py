@@ -164,6 +164,7 @@ class CallRecord(Message):
     stream: bool
     t_start: float
     t_end: float
+    meta: dict[str, Any] = {}  # capture mode, engine rid, chain, retries; chat view of other APIs
 
 
 AnyMessage = Union[

@@ -20,7 +20,7 @@ from typing import Callable
 
 from polar_hpc import wire
 from polar_hpc.config import CommandEvaluator, PoolConfig, Task
-from polar_hpc.harness import shell
+from polar_hpc.harness import presets
 from polar_hpc.sandbox import Factory, Sandbox, SandboxError
 from polar_hpc.shards.writer import ShardWriter
 from polar_hpc.trajectory.builders import build
@@ -128,8 +128,9 @@ class Pipeline:
             self._update(sid, "RUN", outcome)
             if isinstance(task.evaluator, CommandEvaluator) and task.evaluator.sandbox == "fresh":
                 outcome.fresh = asyncio.create_task(self._start_fresh(task))
-            env = shell.environment(task, sandbox.proxy_url(self.proxy.url), token, sid, sandbox.workspace)
-            result = await sandbox.exec(task.harness.command, env, spec.deadline - time.time())
+            proxy_url = sandbox.proxy_url(self.proxy.url)
+            command, env = presets.launch(task, proxy_url, token, sid, sandbox.workspace)
+            result = await sandbox.exec(command, env, spec.deadline - time.time())
             outcome.marks["WAIT"] = time.time()  # harness ended; POSTRUN slot not yet taken
         except TimeoutError:
             outcome.status = "timeout"

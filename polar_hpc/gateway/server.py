@@ -148,6 +148,9 @@ class _Gateway:
         node = socket.gethostname()
         args = ["proxy", "--gateway", endpoint, "--engine-url", opts.engine_url, "--port", str(topo.proxy.port)]
         args += ["--model", topo.engine.model, "--proxy-id", f"{opts.gateway_id}-proxy"]
+        args += ["--mode", topo.proxy.mode, "--tool-parser", topo.proxy.tool_parser]
+        args += ["--tokenizer", topo.proxy.tokenizer] if topo.proxy.tokenizer else []
+        args += ["--strict-model"] if topo.proxy.strict_model else []
         args += ["--heartbeat-s", str(topo.gateway.heartbeat_s), "--peer-timeout-s", str(topo.gateway.peer_timeout_s)]
         args += ["--unix-socket", str(http_socket)]
         return procs.spawn("proxy", args, opts.run_dir / "logs" / f"proxy-{node}-{opts.gateway_id}.log")

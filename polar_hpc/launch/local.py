@@ -78,7 +78,7 @@ def _start_engine(run_dir: Path, topology: Topology, topology_path: Path | None,
     ready = run_dir / ".engine.ready"
     args = ["engine", "--kind", "scripted", "--port", "0", "--ready-file", str(ready)]
     args += ["--model-name", engine.model, "--weight-version", engine.weight_version]
-    args += ["--token-delay-ms", str(engine.token_delay_ms)]
+    args += ["--token-delay-ms", str(engine.token_delay_ms), "--context-length", str(engine.context_length)]
     if engine.script:
         base = topology_path.parent if topology_path else Path.cwd()
         args += ["--script", str((base / engine.script).resolve())]

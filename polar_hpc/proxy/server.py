@@ -2,24 +2,30 @@
 
 `serve(ProxyOptions)` blocks until the gateway sends Shutdown, stays silent for `peer_timeout_s`,
 or the process gets SIGTERM/SIGINT; it then cancels in-flight calls, closes the HTTP server and
-returns.
+returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError before it listens.
 
 - Once listening it writes `{"url": "http://HOST:PORT"}` to `ready_file` (tmp + os.replace).
-- Gateway link: a DEALER connected to the gateway's ROUTER. It sends ProxyHello first, Heartbeat
-  every `heartbeat_s`, one CallRecord per answered call and SessionClosed after CloseSession, all
-  through one FIFO queue: every record of a session leaves before its SessionClosed.
-- Sessions: OpenSession makes calls bearing `Authorization: Bearer <token>` belong to a session.
+- Gateway link (`gateway_link`): ProxyHello first, Heartbeat every `heartbeat_s`, one CallRecord
+  per answered call and SessionClosed after CloseSession, in order.
+- Sessions: OpenSession makes calls bearing the token as their API key belong to a session.
   CloseSession revokes the token (later calls get 401), cancels the session's in-flight calls
   (engine requests aborted, no record sent, the harness gets 401), then answers
   SessionClosed(n_calls = records sent). Records of a session are numbered from 0 as sent.
 - With `unix_socket` set, the same HTTP app is also served on that Unix socket path (sandboxes
   with network `none` reach it through a relay).
-- HTTP: POST /v1/chat/completions (adapted by `openai_chat`), GET /v1/models (no key needed).
+- HTTP: POST /v1/chat/completions (`openai_chat`), /v1/responses (`openai_responses`),
+  /v1/messages (`anthropic`), each streaming or not, errors in the API's own shape; GET /v1/models
+  (no key needed). A body naming another model is answered by the run's model, or refused (404)
+  with `strict_model`.
+- Capture: `mode` tito (`tito.Tito`: the proxy renders with the model's tokenizer, from
+  `tokenizer` or, once an engine answers, the engine's /get_model_info `tokenizer_path`) or passthrough
+  (`passthrough.Passthrough`); engines chosen by `routing.Router`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -30,37 +36,50 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import zmq
 import zmq.asyncio
 from aiohttp import web
 
 from polar_hpc import wire
+from polar_hpc.config import ConfigError
+from polar_hpc.proxy import anthropic, openai_responses
 from polar_hpc.proxy import openai_chat as oc
-from polar_hpc.proxy.engine_client import EngineClient, EngineError
+from polar_hpc.proxy.calls import BadRequest, assistant_message
+from polar_hpc.proxy.engine_client import EngineError
+from polar_hpc.proxy.gateway_link import GatewayLink
+from polar_hpc.proxy.passthrough import Passthrough
+from polar_hpc.proxy.routing import Router
+from polar_hpc.proxy.tito import Renderer, Tito
+from polar_hpc.proxy.tool_parsers import PARSERS
 
 log = logging.getLogger("polar_hpc.proxy")
 
-_GATEWAY = "gateway"
 _MAX_BODY = 256 << 20
 
 
 @dataclass(frozen=True)
 class ProxyOptions:
     gateway: str  # zmq endpoint of the gateway's ROUTER, e.g. ipc:///tmp/gw.ipc
-    engine_url: str  # base URL of the engine, before /v1
+    engine_urls: tuple[str, ...]  # base URLs of the engines, before /v1
     host: str = "127.0.0.1"
     port: int = 0  # 0 picks a free port
     ready_file: Path | None = None
-    model: str = "polar-scripted"  # served model name, sent to the engine on every call
+    model: str = "polar-scripted"  # served model name
     proxy_id: str = "proxy"
     heartbeat_s: float = 1.0
     peer_timeout_s: float = 10.0
     unix_socket: Path | None = None  # also serve HTTP on this Unix socket (for sandboxes without network)
+    mode: str = "tito"  # tito | passthrough
+    tokenizer: str | None = None  # tito: the model folder; None: ask the engine
+    tool_parser: str = "auto"
+    strict_model: bool = False
 
 
 def serve(opts: ProxyOptions) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s proxy %(levelname)s %(message)s")
     asyncio.run(_run(opts))
+
+
+_APIS = (oc, openai_responses, anthropic)
 
 
 @dataclass(eq=False)
@@ -72,53 +91,24 @@ class _Session:
     calls: set[asyncio.Task] = field(default_factory=set)
 
 
-class _GatewayLink:
-    """The DEALER to the gateway; messages leave in the order `send` was called."""
-
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, peer_timeout_s: float) -> None:
-        self._sock = ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 500)
-        self._sock.connect(endpoint)
-        self._outbox: asyncio.Queue[wire.Message | None] = asyncio.Queue()
-        self.liveness = wire.Liveness(peer_timeout_s)
-        self.liveness.heard(_GATEWAY)
-
-    def send(self, message: wire.Message) -> None:
-        self._outbox.put_nowait(message)
-
-    async def pump(self) -> None:
-        """Send queued messages until `close` queues the end marker."""
-        while (message := await self._outbox.get()) is not None:
-            await self._sock.send(wire.encode(message))
-
-    async def recv(self) -> wire.AnyMessage:
-        while True:
-            data = await self._sock.recv()
-            self.liveness.heard(_GATEWAY)
-            try:
-                return wire.decode(data)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                log.warning("ignoring undecodable message from gateway: %s", e)
-
-    async def close(self, pump: asyncio.Task) -> None:
-        """Flush what is queued (briefly), then close the socket."""
-        self._outbox.put_nowait(None)
-        await asyncio.wait([pump], timeout=1.0)
-        pump.cancel()
-        self._sock.close()
+@dataclass
+class _Reply:
+    stream: web.StreamResponse | None = None
 
 
 class _Proxy:
-    def __init__(self, opts: ProxyOptions, engine: EngineClient, link: _GatewayLink) -> None:
+    def __init__(self, opts: ProxyOptions, router: Router, mode, link: GatewayLink) -> None:
         self.opts = opts
-        self.engine = engine
+        self.router = router
+        self.mode = mode
         self.link = link
         self._sessions: dict[str, _Session] = {}
         self._by_token: dict[str, _Session] = {}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=_MAX_BODY)
-        app.router.add_post("/v1/chat/completions", self._chat)
+        for api in _APIS:
+            app.router.add_post(api.PATH, functools.partial(self._handle, api))
         app.router.add_get("/v1/models", self._models)
         return app
 
@@ -166,6 +156,8 @@ class _Proxy:
             call.cancel()
         if calls:
             await asyncio.wait(calls)
+        self.mode.forget(session_id)
+        self.router.forget(session_id)
         self.link.send(wire.SessionClosed(session_id=session_id, n_calls=session.n_calls))
 
     def cancel_calls(self) -> None:
@@ -175,77 +167,97 @@ class _Proxy:
 
     # --- harness side ---------------------------------------------------------------------------
 
-    def _authenticate(self, request: web.Request) -> _Session | None:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer":
-            return None
-        return self._by_token.get(token.strip())
-
     async def _models(self, request: web.Request) -> web.Response:
         model = {"id": self.opts.model, "object": "model", "created": 0, "owned_by": "polar-hpc"}
         return _json(200, {"object": "list", "data": [model]})
 
-    async def _chat(self, request: web.Request) -> web.Response:
+    async def _handle(self, api, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
-        session = self._authenticate(request)
+        session = self._by_token.get(api.token(request.headers) or "")
         if session is None:
-            return _unauthorized()
+            return _unauthorized(api)
         try:
-            body = oc.parse_request(raw)
-        except oc.BadRequest as e:
-            return _json(400, oc.error_body(str(e), param=e.param))
-        call = asyncio.ensure_future(self._chat_call(session, body))
-        session.calls.add(call)
-        call.add_done_callback(session.calls.discard)
+            body, call = api.parse(raw)
+        except BadRequest as e:
+            return _json(400, api.error_body(400, str(e), "invalid_request", e.param))
+        asked = body.get("model")
+        if self.opts.strict_model and asked not in (None, self.opts.model):
+            message = f"The model {asked!r} does not exist; this run serves {self.opts.model!r}."
+            return _json(404, api.error_body(404, message, "not_found", "model"))
+        reply = _Reply()
+        task = asyncio.ensure_future(self._serve(api, session, request, body, call, reply))
+        session.calls.add(task)
+        task.add_done_callback(session.calls.discard)
         try:
-            await asyncio.wait([call])
+            await asyncio.wait([task])
         except asyncio.CancelledError:
-            call.cancel()
+            task.cancel()
             raise
-        if call.cancelled():
-            if not session.open:
-                return _unauthorized()
-            return _json(503, oc.error_body("proxy is shutting down", type="server_error"))
-        try:
-            response = call.result()
-        except EngineError as e:
-            kind = "invalid_request_error" if e.status == 400 else "upstream_error"
-            return _json(e.status, oc.error_body(e.message, type=kind))
-        if body.get("stream"):
-            return web.Response(
-                body=oc.sse_events(response, body),
-                content_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
-        return _json(200, response)
+        if not task.cancelled():
+            return task.result()
+        if reply.stream is not None:
+            return reply.stream
+        if not session.open:
+            return _unauthorized(api)
+        return _json(503, api.error_body(503, "proxy is shutting down", "unavailable"))
 
-    async def _chat_call(self, session: _Session, request: dict[str, Any]) -> dict[str, Any]:
-        """Ask the engine, record the call, and return what the harness is to be sent."""
+    async def _serve(self, api, session: _Session, request, body, call, reply: _Reply):
+        """Answer one call (streaming as it is sampled, if asked) and record it."""
         t_start = time.time()
-        body = oc.engine_request(request, self.opts.model)
-        answer = await self.engine.post_json(oc.ENGINE_PATH, body)
-        got = oc.capture(answer)
-        response = oc.harness_response(answer, request)
+        events = api.Events(call, body, self.opts.model) if call.stream else None
+
+        async def begin() -> None:
+            if reply.stream is None:
+                reply.stream = web.StreamResponse(
+                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                )
+                await reply.stream.prepare(request)
+                await reply.stream.write(events.start())
+
+        async def emit(text: str) -> None:
+            if events is not None:
+                await begin()
+                await reply.stream.write(events.text(text))
+
+        try:
+            outcome = await self.mode.answer(session.session_id, call, emit)
+        except ConnectionResetError:  # the harness hung up mid-stream: nothing it saw to record
+            log.info("session %s: harness closed its stream before the answer was complete",
+                     session.session_id)
+            return reply.stream
+        except EngineError as e:
+            kind = "upstream" if e.status != 400 else (
+                "context_length" if "context length" in e.message else "invalid_request")
+            if reply.stream is None:
+                return _json(e.status, api.error_body(e.status, e.message, kind))
+            await reply.stream.write(events.error(e.status, e.message, kind))
+            await reply.stream.write_eof()
+            return reply.stream
+        response = api.response(outcome, body, self.opts.model, call.id)
+        meta = dict(outcome.meta)
+        if api is not oc:
+            meta["chat"] = {"messages": call.messages, "tools": call.tools,
+                            "reply": assistant_message(outcome)}
         self.link.send(
             wire.CallRecord(
-                session_id=session.session_id,
-                call_index=session.n_calls,
-                api=oc.API,
-                request=request,
-                response=response,
-                prompt_ids=got.prompt_ids,
-                output_ids=got.output_ids,
-                output_logprobs=got.output_logprobs,
-                finish_reason=got.finish_reason,
-                weight_version=got.weight_version,
-                engine_url=self.engine.base_url,
-                stream=bool(request.get("stream")),
-                t_start=t_start,
-                t_end=time.time(),
+                session_id=session.session_id, call_index=session.n_calls, api=api.API,
+                request=body, response=response, prompt_ids=outcome.prompt_ids,
+                output_ids=outcome.output_ids, output_logprobs=outcome.output_logprobs,
+                finish_reason=outcome.finish_reason, weight_version=outcome.weight_version,
+                engine_url=outcome.engine_url, stream=call.stream, t_start=t_start,
+                t_end=time.time(), meta=meta,
             )
         )
         session.n_calls += 1
-        return response
+        if events is None:
+            return _json(200, response)
+        try:
+            await begin()
+            await reply.stream.write(events.end(outcome))
+            await reply.stream.write_eof()
+        except ConnectionResetError:  # recorded: the harness saw every token but the last events
+            log.info("session %s: harness closed its stream at the end", session.session_id)
+        return reply.stream
 
 
 def _json(status: int, body: dict[str, Any]) -> web.Response:
@@ -254,9 +266,9 @@ def _json(status: int, body: dict[str, Any]) -> web.Response:
     )
 
 
-def _unauthorized() -> web.Response:
+def _unauthorized(api) -> web.Response:
     message = "Incorrect API key provided: unknown or closed session."
-    return _json(401, oc.error_body(message, code="invalid_api_key"))
+    return _json(401, api.error_body(401, message, "authentication"))
 
 
 def _write_ready(path: Path, url: str) -> None:
@@ -265,15 +277,29 @@ def _write_ready(path: Path, url: str) -> None:
     os.replace(tmp, path)
 
 
+def _capture_mode(opts: ProxyOptions, router: Router):
+    if opts.mode == "passthrough":
+        return Passthrough(router, opts.model)
+    if opts.mode != "tito":
+        raise ConfigError(f"proxy mode {opts.mode!r} is not known (tito, passthrough)")
+    if opts.tool_parser not in PARSERS:
+        raise ConfigError(f"tool parser {opts.tool_parser!r} is not known ({', '.join(PARSERS)})")
+    try:
+        renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
+        return Tito(renderer, opts.tool_parser, router)
+    except ValueError as e:
+        raise ConfigError(f"proxy: {e}") from None
+
+
 async def _run(opts: ProxyOptions) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    mode = _capture_mode(opts, router := Router(list(opts.engine_urls)))
     ctx = zmq.asyncio.Context()
-    link = _GatewayLink(ctx, opts.gateway, opts.peer_timeout_s)
-    engine = EngineClient(opts.engine_url)
-    proxy = _Proxy(opts, engine, link)
+    link = GatewayLink(ctx, opts.gateway, opts.peer_timeout_s)
+    proxy = _Proxy(opts, router, mode, link)
     runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=5)
     await runner.setup()
     await web.TCPSite(runner, opts.host, opts.port).start()
@@ -287,21 +313,23 @@ async def _run(opts: ProxyOptions) -> None:
         asyncio.create_task(proxy.heartbeat_loop()),
         pump,
     ]
+    warming = asyncio.create_task(mode.warm())
     for task in tasks:
         task.add_done_callback(lambda t: _stop_on_end(t, stop))
     if opts.ready_file is not None:
         _write_ready(Path(opts.ready_file), url)
-    log.info("serving %s (gateway %s, engine %s)", url, opts.gateway, opts.engine_url)
+    log.info("serving %s (gateway %s, engines %s, %s mode)", url, opts.gateway,
+             ", ".join(router.urls), opts.mode)
     try:
         await stop.wait()
     finally:
         proxy.cancel_calls()
         await runner.cleanup()
-        for task in tasks[:2]:
+        for task in [*tasks[:2], warming]:
             task.cancel()
-        await asyncio.gather(*tasks[:2], return_exceptions=True)
+        await asyncio.gather(*tasks[:2], warming, return_exceptions=True)
         await link.close(pump)
-        await engine.close()
+        await router.close()
         ctx.term()
         log.info("stopped")
 

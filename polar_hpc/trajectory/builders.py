@@ -12,7 +12,9 @@ Records are taken in `call_index` order. Kinds:
   the previous call's chain. Traces come in the order their chains started.
 
 A trace's messages and tools are those of its last call (its request plus the assistant reply).
-Metadata: {"builder", "calls", "chains", "chain_breaks"}. A record whose logprobs are not aligned
+Metadata: {"builder", "calls", "chains", "chain_breaks", "apis", "streamed_calls"}, plus what the proxy noted:
+"history_restarts" (calls whose re-sent history matched no earlier chain, and why) and "retried"
+(call index -> engines that failed it before another answered). A record whose logprobs are not aligned
 with its output ids, an unknown kind or an unsupported api raises ValueError.
 """
 
@@ -43,7 +45,22 @@ def build(records: list[CallRecord], kind: str) -> tuple[list[Trace], dict[str, 
     else:
         chains, breaks = _merge(ordered)
     metadata = {"builder": kind, "calls": len(ordered), "chains": len(chains), "chain_breaks": breaks}
+    metadata |= _proxy_notes(ordered)
     return [c.trace() for c in chains], metadata
+
+
+def _proxy_notes(records: list[CallRecord]) -> dict[str, Any]:
+    """What the proxy said of the calls: APIs used, why a call started a new chain of its
+    history (tito mode), and which calls were retried on another engine."""
+    notes: dict[str, Any] = {"apis": sorted({r.api for r in records}),
+                             "streamed_calls": sum(r.stream for r in records)}
+    starts = [f"call {r.call_index}: {r.meta['new_chain']}" for r in records[1:] if "new_chain" in r.meta]
+    retried = {r.call_index: r.meta["retried"] for r in records if r.meta.get("retried")}
+    if starts:
+        notes["history_restarts"] = starts
+    if retried:
+        notes["retried"] = retried
+    return notes
 
 
 def _merge(records: list[CallRecord]) -> tuple[list[_Chain], list[str]]:

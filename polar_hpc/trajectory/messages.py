@@ -1,7 +1,9 @@
 """The chat view of a call record, per API: request messages and tools, the assistant's reply.
 
-Only `openai_chat` is understood so far; any other api raises `UnsupportedApi` naming the call.
-A record of a known api that lacks the expected structure raises ValueError naming the call.
+`openai_chat` records are read as they are; records of the other APIs (`openai_responses`,
+`anthropic_messages`) carry the proxy's chat view of the call in `meta["chat"]` (messages, tools,
+reply). A record with neither raises `UnsupportedApi` naming the call; a record that lacks the
+expected structure raises ValueError naming the call.
 """
 
 from __future__ import annotations
@@ -17,29 +19,36 @@ class UnsupportedApi(ValueError):
     """The record's api has no message adapter here."""
 
 
-def _check_api(record: CallRecord) -> None:
-    if record.api not in SUPPORTED_APIS:
+def _chat_view(record: CallRecord) -> dict[str, Any] | None:
+    """The proxy's chat view of a non-Chat call; None for openai_chat records."""
+    if record.api in SUPPORTED_APIS:
+        return None
+    view = record.meta.get("chat")
+    if not isinstance(view, dict):
         raise UnsupportedApi(
-            f"call {record.call_index}: api {record.api!r} is not supported "
+            f"call {record.call_index}: api {record.api!r} is not supported without a chat view "
             f"(supported: {', '.join(SUPPORTED_APIS)})"
         )
+    return view
 
 
 def request_messages(record: CallRecord) -> list[dict[str, Any]]:
     """A copy of the conversation the harness sent."""
-    _check_api(record)
-    return list(record.request.get("messages", []))
+    view = _chat_view(record)
+    return list((view or record.request).get("messages") or [])
 
 
 def request_tools(record: CallRecord) -> list[dict[str, Any]]:
     """The tool definitions the harness offered (empty when none)."""
-    _check_api(record)
-    return list(record.request.get("tools") or [])
+    view = _chat_view(record)
+    return list((view or record.request).get("tools") or [])
 
 
 def assistant_message(record: CallRecord) -> dict[str, Any]:
     """The assistant message the engine answered with."""
-    _check_api(record)
+    view = _chat_view(record)
+    if view is not None:
+        return dict(view.get("reply") or {})
     try:
         message = record.response["choices"][0]["message"]
     except (KeyError, IndexError, TypeError):

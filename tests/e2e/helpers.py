@@ -41,3 +41,31 @@ def live_processes_matching(marker: str) -> list[int]:
         if marker in cmdline and state != "Z":
             found.append(int(entry.name))
     return found
+
+
+def check_fidelity(trace, samples: dict[tuple, dict]) -> int:
+    """Each sampled run of a merged trace (loss mask 1) is exactly what the engine sampled after
+    the tokens before it, ids and logprobs; unsampled tokens have logprob 0. Returns the number
+    of engine calls the trace holds."""
+    sequence = trace.prompt_ids + trace.response_ids
+    runs = _runs(trace.loss_mask)
+    for start, end in runs:
+        prompt = tuple(sequence[: len(trace.prompt_ids) + start])
+        assert prompt in samples, "the engine never received this prompt"
+        engine = samples[prompt]
+        assert trace.response_ids[start:end] == engine["output_ids"]
+        assert trace.logprobs[start:end] == engine["output_logprobs"]
+    assert all(lp == 0.0 for lp, m in zip(trace.logprobs, trace.loss_mask) if not m)
+    return len(runs)
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of 1s: one per model call in a merged trace."""
+    runs, start = [], None
+    for i, m in enumerate(mask + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import polar
-from e2e.helpers import engine_samples, trajectories, write_jsonl
+from e2e.helpers import check_fidelity, engine_samples, trajectories, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -49,31 +49,7 @@ def test_token_fidelity_against_the_engine_log(calculator_run) -> None:
     run_dir, _ = calculator_run
     samples = engine_samples(run_dir)
     for t in trajectories(run_dir):
-        trace = t.traces[0]
-        sequence = trace.prompt_ids + trace.response_ids
-        sampled = [i for i, m in enumerate(trace.loss_mask) if m]
-        cursor = 0
-        for start, end in _runs(trace.loss_mask):
-            prompt = tuple(sequence[: len(trace.prompt_ids) + start])
-            assert prompt in samples, "the engine never received this prompt"
-            engine = samples[prompt]
-            assert trace.response_ids[start:end] == engine["output_ids"]
-            assert trace.logprobs[start:end] == engine["output_logprobs"]
-            cursor += end - start
-        assert cursor == len(sampled)
-        assert all(lp == 0.0 for lp, m in zip(trace.logprobs, trace.loss_mask) if not m)
-
-
-def _runs(mask: list[int]) -> list[tuple[int, int]]:
-    """[start, end) of each run of 1s: one per model call in a merged trace."""
-    runs, start = [], None
-    for i, m in enumerate(mask + [0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
+        assert check_fidelity(t.traces[0], samples) == 2
 
 
 def test_shards_show_json(calculator_run) -> None:

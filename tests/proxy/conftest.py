@@ -41,9 +41,11 @@ def gateway(short_tmp: Path):
     gw.close()
 
 
-@pytest.fixture
-def proxy(short_tmp: Path, gateway: FakeGateway, engine) -> Proxy:
-    p = start_proxy(short_tmp, gateway, engine[0])
+@pytest.fixture(params=["tito", "passthrough"])
+def proxy(request, short_tmp: Path, gateway: FakeGateway, engine) -> Proxy:
+    """A proxy in each capture mode."""
+    p = start_proxy(short_tmp, gateway, engine[0], mode=request.param)
+    p.mode = request.param
     yield p
     stop(p.proc)
     assert p.proc.returncode == 0, (short_tmp / "p.log").read_text()

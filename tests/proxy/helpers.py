@@ -23,6 +23,11 @@ from polar_hpc import wire
 
 BIN = Path(sys.executable).parent
 MODEL = "polar-scripted"
+CALCULATOR = {  # the calculator tool's name, description and JSON schema, for every API's shape
+    "name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                   "required": ["expression"]},
+}
 
 
 def wait_ready(proc: subprocess.Popen, ready: Path, timeout: float = 15.0) -> str:
@@ -44,6 +49,15 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def start_engine(tmp: Path, name: str, *flags: str) -> tuple[subprocess.Popen, str, Path]:
+    """A scripted engine of its own (with its sample log); returns (process, url, log)."""
+    ready, log = tmp / f"{name}.json", tmp / f"{name}.samples.jsonl"
+    proc = subprocess.Popen(
+        [str(BIN / "polar-hpc"), "engine", "--kind", "scripted", "--port", "0", "--ready-file",
+         str(ready), "--sample-log", str(log), *flags], stderr=open(tmp / f"{name}.log", "w"))
+    return proc, wait_ready(proc, ready), log
 
 
 class FakeGateway:
@@ -118,14 +132,16 @@ class Proxy:
 
 
 def start_proxy(
-    tmp: Path, gateway: FakeGateway, engine_url: str, name: str = "p", **flags: object
+    tmp: Path, gateway: FakeGateway, engine_url: str | list[str], name: str = "p", **flags: object
 ) -> Proxy:
     ready = tmp / f"{name}.ready.json"
     args = [sys.executable, "-m", "polar_hpc", "proxy", "--gateway", gateway.endpoint,
-            "--engine-url", engine_url, "--ready-file", str(ready), "--model", MODEL,
-            "--proxy-id", name]
+            "--ready-file", str(ready), "--model", MODEL, "--proxy-id", name]
+    for url in [engine_url] if isinstance(engine_url, str) else engine_url:
+        args += ["--engine-url", url]
     for key, value in flags.items():
-        args += [f"--{key.replace('_', '-')}", str(value)]
+        flag = f"--{key.replace('_', '-')}"
+        args += [flag] if value is True else [flag, str(value)]
     proc = subprocess.Popen(args, stderr=open(tmp / f"{name}.log", "w"))
     url = wait_ready(proc, ready)
     hello = gateway.expect(wire.ProxyHello)
@@ -193,3 +209,19 @@ class FakeEngine:
 
     def close(self) -> None:
         self._server.close()
+
+
+def check_capture(record: wire.CallRecord, log: Path) -> dict:
+    """The record's ids and logprobs are exactly what the engine sampled; returns the sample."""
+    sample = sample_for(log, record.meta["rid"])
+    assert record.prompt_ids == sample["input_ids"]
+    assert record.output_ids == sample["output_ids"]
+    assert record.output_logprobs == sample["output_logprobs"]
+    assert record.weight_version == sample["weight_version"]
+    return sample
+
+
+def extends(later: wire.CallRecord, earlier: wire.CallRecord) -> bool:
+    """`later`'s prompt starts with `earlier`'s prompt + sampled ids (one trace when merged)."""
+    done = earlier.prompt_ids + earlier.output_ids
+    return later.prompt_ids[: len(done)] == done and len(later.prompt_ids) > len(done)

@@ -7,6 +7,7 @@ import threading
 import time
 import urllib.request
 
+import anthropic
 import openai
 import pytest
 
@@ -26,7 +27,8 @@ def fake_engine():
 @pytest.fixture
 def fake_proxy(short_tmp, gateway, fake_engine):
     p = start_proxy(
-        short_tmp, gateway, fake_engine.url, name="fp", heartbeat_s=0.1, peer_timeout_s=1
+        short_tmp, gateway, fake_engine.url, name="fp", heartbeat_s=0.1, peer_timeout_s=1,
+        mode="passthrough",  # the fake engine answers only the chat route
     )
     yield p
     if p.proc.poll() is None:
@@ -103,3 +105,20 @@ def test_shutdown_answers_in_flight_calls_and_exits(fake_proxy, fake_engine):
 def test_sigint_exits_cleanly(fake_proxy):
     fake_proxy.proc.send_signal(signal.SIGINT)
     assert fake_proxy.proc.wait(timeout=5) == 0
+
+
+def test_upstream_failure_in_each_api_shape(fake_proxy, fake_engine):
+    fake_engine.mode = "error"
+    session(fake_proxy, "s6")
+    with pytest.raises(openai.APIStatusError) as err:
+        openai.OpenAI(base_url=fake_proxy.base_url, api_key="tok-s6", max_retries=0).responses.create(
+            model=MODEL, input="hi")
+    assert err.value.status_code == 502 and err.value.body["type"] == "upstream_error"
+    with pytest.raises(anthropic.APIStatusError) as err:
+        anthropic.Anthropic(base_url=fake_proxy.url, api_key="tok-s6", max_retries=0).messages.create(
+            model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 502
+    assert err.value.body == {"type": "error", "error": {
+        "type": "api_error", "message": err.value.body["error"]["message"]}}
+    assert "HTTP 500" in err.value.body["error"]["message"]
+    fake_proxy.gateway.quiet(0.2)

@@ -1,0 +1,109 @@
+"""Presets: known harnesses run unchanged, each given the config it reads, pointed at the proxy.
+
+`launch(task, proxy_url, token, session_id, workspace) -> (command, env)` is what the gateway runs
+for any task: the shell harness's own command, or a preset's. A preset writes its harness's config
+files into the workspace (which is HOME in the sandbox) and returns its command line; the API key
+is always the session token and the model name the task's `harness.env` POLAR_MODEL (default
+`polar`: the proxy answers any model name with the run's model). `harness.command` replaces the
+preset's command; `harness.env` is applied last.
+
+| kind | API | config written | command |
+| --- | --- | --- | --- |
+| mini_swe_agent | OpenAI Chat (litellm) | `.polar/mini.yaml` | `mini -y --exit-immediately` |
+| codex | OpenAI Responses, streaming | `~/.codex/config.toml` (custom provider) | `codex exec` |
+| claude_code | Anthropic Messages | env (ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY) | `claude -p` |
+| opencode | OpenAI Chat | `opencode.json` (openai-compatible provider) | `opencode run` |
+| qwen_code | OpenAI Chat | env (OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL) | `qwen -p` |
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from polar_hpc.config import Task
+from polar_hpc.harness import shell
+
+_DIR = ".polar"
+
+
+def launch(
+    task: Task, proxy_url: str, token: str, session_id: str, workspace: Path
+) -> tuple[str, dict[str, str]]:
+    env = shell.environment(task, proxy_url, token, session_id, workspace)
+    kind = task.harness.kind
+    if kind == "shell":
+        return task.harness.command, env
+    model = task.harness.env.get("POLAR_MODEL", "polar")
+    command, extra = PRESETS[kind](proxy_url, token, model, workspace)
+    return task.harness.command or command, env | extra | dict(task.harness.env)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def mini_swe_agent(proxy_url: str, token: str, model: str, workspace: Path):
+    config = {
+        "model": {
+            "model_name": f"openai/{model}",
+            "model_kwargs": {"api_base": f"{proxy_url}/v1", "api_key": token, "drop_params": True},
+            "cost_tracking": "ignore_errors",
+        },
+        "agent": {"cost_limit": 0},
+    }
+    path = _write(workspace / _DIR / "mini.yaml", yaml.safe_dump(config))
+    command = (f'mini -y --exit-immediately -c mini.yaml -c {path} -t "$POLAR_INSTRUCTION" '
+               f"-o {workspace / _DIR / 'mini.traj.json'}")
+    env = {"MSWEA_CONFIGURED": "true", "MSWEA_SILENT_STARTUP": "1",
+           "MSWEA_GLOBAL_CONFIG_DIR": str(workspace / _DIR / "mini-swe-agent"),
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    return command, env
+
+
+def codex(proxy_url: str, token: str, model: str, workspace: Path):
+    toml = "\n".join([
+        f'model = "{model}"', 'model_provider = "polar"', 'approval_policy = "never"',
+        'sandbox_mode = "danger-full-access"', "", "[model_providers.polar]",
+        'name = "polar-hpc proxy"', f'base_url = "{proxy_url}/v1"', 'env_key = "POLAR_API_KEY"',
+        'wire_api = "responses"', "",
+    ])
+    _write(workspace / ".codex" / "config.toml", toml)
+    command = 'codex exec --skip-git-repo-check "$POLAR_INSTRUCTION"'
+    return command, {"POLAR_API_KEY": token, "CODEX_HOME": str(workspace / ".codex")}
+
+
+def claude_code(proxy_url: str, token: str, model: str, workspace: Path):
+    env = {"ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": token, "ANTHROPIC_MODEL": model,
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
+    return 'claude -p --dangerously-skip-permissions "$POLAR_INSTRUCTION"', env
+
+
+def opencode(proxy_url: str, token: str, model: str, workspace: Path):
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"polar": {
+            "npm": "@ai-sdk/openai-compatible", "name": "polar-hpc proxy",
+            "options": {"baseURL": f"{proxy_url}/v1", "apiKey": token},
+            "models": {model: {"name": model}},
+        }},
+        "model": f"polar/{model}", "autoupdate": False,
+    }
+    _write(workspace / "opencode.json", json.dumps(config, indent=2))
+    return 'opencode run "$POLAR_INSTRUCTION"', {}
+
+
+def qwen_code(proxy_url: str, token: str, model: str, workspace: Path):
+    env = {"OPENAI_BASE_URL": f"{proxy_url}/v1", "OPENAI_API_KEY": token, "OPENAI_MODEL": model}
+    return 'qwen --yolo -p "$POLAR_INSTRUCTION"', env
+
+
+PRESETS: dict[str, Callable[[str, str, str, Path], tuple[str, dict[str, str]]]] = {
+    "mini_swe_agent": mini_swe_agent, "codex": codex, "claude_code": claude_code,
+    "opencode": opencode, "qwen_code": qwen_code,
+}

@@ -1,0 +1,182 @@
+"""Anthropic Messages as the proxy serves it (POST /v1/messages).
+
+- `parse(raw) -> (body, Call)`: `system` (a string or text blocks) and `messages` (string content,
+  or `text` / `tool_use` / `tool_result` blocks; `thinking` blocks are skipped) become Chat
+  messages (a user turn's tool results become `tool` messages); `tools` with an `input_schema`
+  become Chat tools; `max_tokens` is required, as Anthropic requires it.
+- `response(outcome, body, model, call_id)`: the `message` object (`text` and `tool_use` blocks,
+  `stop_reason` end_turn | tool_use | max_tokens, usage).
+- `Events`: message_start, a text block streamed as `text_delta`s while sampled, one `tool_use`
+  block per call (its input as one `input_json_delta`), message_delta, message_stop; `error`.
+- `error_body(status, message, kind)`: Anthropic's `{"type": "error", "error": {...}}`;
+  `token(headers)`: `x-api-key`, else the Bearer key.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from polar_hpc.proxy.calls import (
+    BadRequest, Call, Outcome, array, decode_object, number, sse, stops, usage,
+)
+from polar_hpc.proxy.openai_chat import token as bearer
+
+API = "anthropic_messages"
+PATH = "/v1/messages"
+
+_TYPES = {
+    "invalid_request": "invalid_request_error", "context_length": "invalid_request_error",
+    "authentication": "authentication_error", "not_found": "not_found_error",
+    "upstream": "api_error", "unavailable": "overloaded_error",
+}
+_STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
+
+
+def token(headers) -> str | None:
+    return headers.get("x-api-key") or bearer(headers)
+
+
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": _TYPES[kind], "message": message}}
+
+
+def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
+    body = decode_object(raw)
+    max_tokens = number(body, "max_tokens", int)
+    if max_tokens is None:
+        raise BadRequest("max_tokens: Field required", "max_tokens")
+    messages: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system is not None:
+        messages.append({"role": "system", "content": _text(system, "system")})
+    turns = body.get("messages")
+    if not isinstance(turns, list) or not turns:
+        raise BadRequest("messages: must be a non-empty array", "messages")
+    for i, turn in enumerate(turns):
+        _add_turn(messages, turn, f"messages.{i}")
+    chat_tools = [
+        {"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
+                                          "parameters": t["input_schema"]}}
+        for t in array(body, "tools") if isinstance(t, dict) and "name" in t and "input_schema" in t
+    ]
+    call = Call(
+        messages=messages, tools=chat_tools or None, max_tokens=max_tokens,
+        stop=stops(body, "stop_sequences"), temperature=number(body, "temperature"),
+        top_p=number(body, "top_p"), stream=bool(body.get("stream")),
+    )
+    return body, call
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+    raise BadRequest(f"{where}: must be a string or an array of blocks", where)
+
+
+def _add_turn(messages: list[dict[str, Any]], turn: Any, where: str) -> None:
+    if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant"):
+        raise BadRequest(f"{where}.role: must be 'user' or 'assistant'", f"{where}.role")
+    content = turn.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    if not isinstance(blocks, list):
+        raise BadRequest(f"{where}.content: must be a string or an array of blocks", f"{where}.content")
+    text, calls = [], []
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            text.append(block.get("text", ""))
+        elif kind == "tool_use" and turn["role"] == "assistant":
+            calls.append({"id": block.get("id"), "type": "function", "function": {
+                "name": block.get("name"), "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
+        elif kind == "tool_result" and turn["role"] == "user":
+            messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
+                             "content": _text(block.get("content", ""), f"{where}.content.{j}.content")})
+        elif kind not in ("thinking", "redacted_thinking"):
+            raise BadRequest(f"{where}.content.{j}: blocks of type {kind!r} are not supported here",
+                             f"{where}.content.{j}.type")
+    if turn["role"] == "assistant":
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+        if calls:
+            message["tool_calls"] = calls
+        messages.append(message)
+    elif text or not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
+        messages.append({"role": "user", "content": "".join(text)})
+
+
+def _usage(outcome: Outcome) -> dict[str, Any]:
+    prompt, sampled, cached = usage(outcome)
+    return {"input_tokens": prompt - cached, "output_tokens": sampled,
+            "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
+
+
+def _tool_blocks(outcome: Outcome) -> list[dict[str, Any]]:
+    return [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+            for c in outcome.tool_calls]
+
+
+def _input(arguments: str) -> Any:
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {"_raw": arguments}
+    return value if isinstance(value, dict) else {"_value": value}
+
+
+def _message(call_id: str, model: str, content: list, outcome: Outcome | None) -> dict[str, Any]:
+    return {
+        "id": f"msg_{call_id}", "type": "message", "role": "assistant", "model": model,
+        "content": content,
+        "stop_reason": _STOP.get(outcome.finish_reason, "end_turn") if outcome else None,
+        "stop_sequence": None,
+        "usage": _usage(outcome) if outcome else {"input_tokens": 0, "output_tokens": 0},
+    }
+
+
+def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -> dict[str, Any]:
+    content = [{"type": "text", "text": outcome.content}] if outcome.content else []
+    return _message(call_id, model, content + _tool_blocks(outcome), outcome)
+
+
+class Events:
+    def __init__(self, call: Call, body: dict[str, Any], model: str) -> None:
+        self._call_id, self._model = call.id, model
+        self._open_text = False
+
+    def start(self) -> bytes:
+        return (sse({"type": "message_start", "message": _message(self._call_id, self._model, [], None)},
+                    "message_start") + sse({"type": "ping"}, "ping"))
+
+    def text(self, delta: str) -> bytes:
+        out = b""
+        if not self._open_text:
+            self._open_text = True
+            out = sse({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "text", "text": ""}}, "content_block_start")
+        delta_block = {"type": "content_block_delta", "index": 0,
+                       "delta": {"type": "text_delta", "text": delta}}
+        return out + sse(delta_block, "content_block_delta")
+
+    def end(self, outcome: Outcome) -> bytes:
+        out, index = b"", 0
+        if self._open_text:
+            out += sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+            index = 1
+        for block in _tool_blocks(outcome):
+            out += sse({"type": "content_block_start", "index": index,
+                        "content_block": dict(block, input={})}, "content_block_start")
+            out += sse({"type": "content_block_delta", "index": index, "delta": {
+                "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}},
+                "content_block_delta")
+            out += sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+            index += 1
+        final = _message(self._call_id, self._model, [], outcome)
+        out += sse({"type": "message_delta", "delta": {"stop_reason": final["stop_reason"],
+                                                       "stop_sequence": None},
+                    "usage": final["usage"]}, "message_delta")
+        return out + sse({"type": "message_stop"}, "message_stop")
+
+    def error(self, status: int, message: str, kind: str) -> bytes:
+        return sse(error_body(status, message, kind), "error")

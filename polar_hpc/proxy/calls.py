@@ -1,0 +1,160 @@
+"""The API-neutral shape of one harness call, shared by the API adapters and the capture modes.
+
+An API adapter (`openai_chat`, `openai_responses`, `anthropic`) turns the harness's body into a
+`Call`: the conversation as OpenAI Chat messages and tools (the lingua franca of chat templates),
+sampling limits, and whether to stream. A capture mode (`tito`, `passthrough`) answers a `Call`
+with text deltas as they are sampled and, last, one `Outcome`: the reply (content, tool calls,
+finish reason) and what was captured (prompt ids, sampled ids, logprobs, weight version, engine,
+and `meta`: the rid, chain and retry notes). `BadRequest` is the harness's fault (HTTP 400).
+`assistant_message(outcome)` is the reply as an OpenAI Chat assistant message, and `same_message`
+compares two messages the way a re-sent history must match (ids and formatting of JSON arguments
+ignored). `sse(data, event)` is one Server-Sent Event; `usage(outcome)` the token counts;
+`number(body, key, kind)`, `stops(body, key)` and `array(body, key)` read optional fields or
+raise BadRequest naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class Call:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    max_tokens: int | None = None
+    stop: list[str] = field(default_factory=list)
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    logprobs: bool = False  # the harness wants per-token logprobs in its answer
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)  # the engine rid, in tito mode
+    chat_body: dict[str, Any] | None = None  # openai_chat only: the harness's own body
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # a JSON string
+
+
+@dataclass
+class Outcome:
+    rid: str
+    content: str | None
+    tool_calls: list[ToolCall]
+    finish_reason: str  # stop | length | tool_calls
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    weight_version: str
+    engine_url: str
+    cached_tokens: int = 0
+    token_texts: list[str] | None = None  # per sampled token, when known (chat logprobs)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def assistant_message(outcome: Outcome) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": outcome.content}
+    if outcome.tool_calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in outcome.tool_calls
+        ]
+    return message
+
+
+def text_of(content: Any) -> str:
+    """The text of a message's content: a string, or the text of its text parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
+    return ""
+
+
+def _arguments(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _key(message: dict[str, Any]) -> tuple:
+    calls = tuple(
+        (fn.get("name"), json.dumps(_arguments(fn.get("arguments")), sort_keys=True))
+        for fn in ((c.get("function") or c) for c in message.get("tool_calls") or [])
+    )
+    return (message.get("role"), text_of(message.get("content")), calls)
+
+
+def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return _key(a) == _key(b)
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    head = b"event: " + event.encode() + b"\n" if event else b""
+    return head + b"data: " + msgspec.json.encode(data) + b"\n\n"
+
+
+def usage(outcome: Outcome) -> tuple[int, int, int]:
+    """(prompt tokens, sampled tokens, prompt tokens the engine had cached)."""
+    return len(outcome.prompt_ids), len(outcome.output_ids), outcome.cached_tokens
+
+
+def number(body: dict[str, Any], key: str, kind: type = float) -> Any:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+        kind is int and not isinstance(value, int)
+    ):
+        raise BadRequest(f"{key!r} must be {'an integer' if kind is int else 'a number'}", key)
+    if kind is int and value < 1:
+        raise BadRequest(f"{key!r} must be at least 1", key)
+    return value
+
+
+def stops(body: dict[str, Any], key: str) -> list[str]:
+    value = body.get(key)
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return list(value)
+    raise BadRequest(f"{key!r} must be a string or a list of strings", key)
+
+
+def decode_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def array(body: dict[str, Any], key: str) -> list[Any]:
+    """An optional array field (absent or null: empty), or BadRequest naming it."""
+    value = body.get(key) or []
+    if not isinstance(value, list):
+        raise BadRequest(f"{key!r} must be an array", key)
+    return value

@@ -1,0 +1,199 @@
+"""OpenAI Responses as the proxy serves it (POST /v1/responses), stateless (`store` is ignored).
+
+- `parse(raw) -> (body, Call)`: `instructions` and `input` (a string, or message /
+  `function_call` / `function_call_output` items; `reasoning` items are skipped) become Chat
+  messages, an assistant message and the function calls after it one assistant turn; `function`
+  tools become Chat tools (other tool types are not offered to the model). `previous_response_id`
+  is refused: harnesses must re-send their history (`store: false`, as Codex does).
+- `response(outcome, body, model, call_id)`: the `response` object (a `message` output item with
+  `output_text`, one `function_call` item per call, usage; `incomplete` on max_output_tokens).
+- `Events`: `response.created` / `in_progress`, `output_text.delta` as tokens arrive, the
+  `*.done` events, each function call as `output_item.added` / `function_call_arguments.*` /
+  `output_item.done`, then `response.completed` (or `response.failed`).
+- `error_body`, `token`: OpenAI's error shape and Bearer key (as `openai_chat`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from polar_hpc.proxy.calls import (
+    BadRequest, Call, Outcome, array, decode_object, number, sse, text_of, usage,
+)
+from polar_hpc.proxy.openai_chat import error_body, token  # noqa: F401  (same shapes as Chat)
+
+API = "openai_responses"
+PATH = "/v1/responses"
+
+
+def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
+    body = decode_object(raw)
+    if body.get("previous_response_id") is not None:
+        raise BadRequest("previous_response_id is not supported: send the whole input", "previous_response_id")
+    messages: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if instructions is not None:
+        if not isinstance(instructions, str):
+            raise BadRequest("'instructions' must be a string", "instructions")
+        messages.append({"role": "system", "content": instructions})
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise BadRequest("'input' is required: a string or a non-empty array of items", "input")
+    for i, item in enumerate(items):
+        _add_item(messages, item, f"input[{i}]")
+    chat_tools = [
+        {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
+        for t in array(body, "tools") if isinstance(t, dict) and t.get("type") == "function" and "name" in t
+    ]
+    call = Call(
+        messages=messages, tools=chat_tools or None, max_tokens=number(body, "max_output_tokens", int),
+        temperature=number(body, "temperature"), top_p=number(body, "top_p"),
+        stream=bool(body.get("stream")),
+    )
+    return body, call
+
+
+def _add_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
+    if not isinstance(item, dict):
+        raise BadRequest(f"{where} must be an object", where)
+    kind = item.get("type", "message")
+    last = messages[-1] if messages else None
+    if kind == "message":
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise BadRequest(f"{where}.role must be user, assistant, system or developer", f"{where}.role")
+        content = item.get("content")
+        if not isinstance(content, (str, list)):
+            raise BadRequest(f"{where}.content must be a string or an array of parts", f"{where}.content")
+        text = content if isinstance(content, str) else "".join(
+            p.get("text", "") for p in content
+            if isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text")
+        )
+        messages.append({"role": "system" if role == "developer" else role, "content": text})
+    elif kind == "function_call":
+        for key in ("call_id", "name", "arguments"):
+            if not isinstance(item.get(key), str):
+                raise BadRequest(f"{where}.{key} must be a string", f"{where}.{key}")
+        call = {"id": item["call_id"], "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]}}
+        if last is not None and last["role"] == "assistant":
+            last.setdefault("tool_calls", []).append(call)
+        else:
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+    elif kind == "function_call_output":
+        output = item.get("output")
+        if not isinstance(output, (str, list)):
+            raise BadRequest(f"{where}.output must be a string or an array", f"{where}.output")
+        messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                         "content": output if isinstance(output, str) else text_of(
+                             [dict(p, type="text") for p in output if isinstance(p, dict)])})
+    elif kind != "reasoning":
+        raise BadRequest(f"{where}: input items of type {kind!r} are not supported", f"{where}.type")
+
+
+def _usage(outcome: Outcome) -> dict[str, Any]:
+    prompt, sampled, cached = usage(outcome)
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": sampled, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + sampled}
+
+
+def _message_item(call_id: str, text: str, status: str) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" or text else []
+    return {"type": "message", "id": f"msg_{call_id}", "status": status, "role": "assistant",
+            "content": content}
+
+
+def _function_items(outcome: Outcome) -> list[dict[str, Any]]:
+    return [
+        {"type": "function_call", "id": f"fc_{c.id}", "call_id": c.id, "name": c.name,
+         "arguments": c.arguments, "status": "completed"}
+        for c in outcome.tool_calls
+    ]
+
+
+def _shell(body: dict[str, Any], model: str, call_id: str, status: str) -> dict[str, Any]:
+    return {
+        "id": f"resp_{call_id}", "object": "response", "created_at": int(time.time()),
+        "status": status, "model": model, "output": [], "usage": None, "error": None,
+        "incomplete_details": None, "instructions": body.get("instructions"),
+        "parallel_tool_calls": True, "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [], "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"), "metadata": body.get("metadata") or {},
+        "max_output_tokens": body.get("max_output_tokens"),
+    }
+
+
+def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -> dict[str, Any]:
+    cut = outcome.finish_reason == "length"
+    out = _shell(body, model, call_id, "incomplete" if cut else "completed")
+    if outcome.content:
+        out["output"].append(_message_item(call_id, outcome.content, "completed"))
+    out["output"] += _function_items(outcome)
+    out["usage"] = _usage(outcome)
+    if cut:
+        out["incomplete_details"] = {"reason": "max_output_tokens"}
+    return out
+
+
+class Events:
+    def __init__(self, call: Call, body: dict[str, Any], model: str) -> None:
+        self._call_id, self._body, self._model = call.id, body, model
+        self._n = 0
+        self._text: str | None = None  # None until a message item is open
+
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        data = {"type": kind, "sequence_number": self._n, **fields}
+        self._n += 1
+        return sse(data, kind)
+
+    def start(self) -> bytes:
+        shell = _shell(self._body, self._model, self._call_id, "in_progress")
+        return (self._event("response.created", response=shell)
+                + self._event("response.in_progress", response=shell))
+
+    def text(self, delta: str) -> bytes:
+        out = b""
+        item_id = f"msg_{self._call_id}"
+        if self._text is None:
+            self._text = ""
+            out += self._event("response.output_item.added", output_index=0,
+                               item=_message_item(self._call_id, "", "in_progress"))
+            out += self._event("response.content_part.added", item_id=item_id, output_index=0,
+                               content_index=0, part={"type": "output_text", "text": "", "annotations": []})
+        self._text += delta
+        return out + self._event("response.output_text.delta", item_id=item_id, output_index=0,
+                                 content_index=0, delta=delta, logprobs=[])
+
+    def end(self, outcome: Outcome) -> bytes:
+        out, index = b"", 0
+        if self._text is not None:
+            item_id = f"msg_{self._call_id}"
+            part = {"type": "output_text", "text": self._text, "annotations": []}
+            out += self._event("response.output_text.done", item_id=item_id, output_index=0,
+                               content_index=0, text=self._text, logprobs=[])
+            out += self._event("response.content_part.done", item_id=item_id, output_index=0,
+                               content_index=0, part=part)
+            out += self._event("response.output_item.done", output_index=0,
+                               item=_message_item(self._call_id, self._text, "completed"))
+            index = 1
+        for item in _function_items(outcome):
+            added = dict(item, arguments="", status="in_progress")
+            out += self._event("response.output_item.added", output_index=index, item=added)
+            out += self._event("response.function_call_arguments.delta", item_id=item["id"],
+                               output_index=index, delta=item["arguments"])
+            out += self._event("response.function_call_arguments.done", item_id=item["id"],
+                               output_index=index, arguments=item["arguments"])
+            out += self._event("response.output_item.done", output_index=index, item=item)
+            index += 1
+        final = response(outcome, self._body, self._model, self._call_id)
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        return out + self._event(kind, response=final)
+
+    def error(self, status: int, message: str, kind: str) -> bytes:
+        failed = _shell(self._body, self._model, self._call_id, "failed")
+        failed["error"] = {"code": "server_error" if status >= 500 else "invalid_prompt", "message": message}
+        return self._event("response.failed", response=failed)

@@ -1,0 +1,284 @@
+"""`tito` capture mode (tokens in, tokens out): the proxy renders, the engine only samples.
+
+`Renderer(folder)` is the model's own tokenizer and chat template (transformers'
+`AutoTokenizer` + `apply_chat_template`, tools included), loaded from a local folder.
+`Tito(renderer, tool_parser, router)`: `await answer(session, call, emit)` renders
+the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
+`stream` when the harness streams, awaits `emit(text)` for each piece of content as tokens arrive
+(tool-call text is held back and parsed once complete), and returns the `Outcome`.
+
+Drift-free history: `Chains` (one per session) keeps, for each chain of calls, the conversation
+through the last sampled reply and its exact ids (prompt + sampled). When a call re-sends that
+conversation (same messages, tools and template rendering) and adds to it, its prompt is the
+chain's ids followed by the tokens of what was added (the template's text after the reply's end
+token), never a re-tokenization of the reply. Otherwise a new chain starts; `meta` says which
+chain a call extends, or why it starts a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, same_message
+from polar_hpc.proxy.engine_client import EngineClient, EngineError
+from polar_hpc.proxy.routing import Router
+from polar_hpc.proxy.tool_parsers import parser_for
+
+log = logging.getLogger("polar_hpc.proxy")
+
+MAX_CHAINS = 16
+
+
+class Renderer:
+    def __init__(self, folder: str | Path) -> None:
+        from transformers import AutoTokenizer  # heavy; only tito mode needs it
+
+        self.folder = str(folder)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot load the tokenizer in {self.folder}: {e}") from None
+        if not self.tokenizer.chat_template:
+            raise ValueError(f"the tokenizer in {self.folder} has no chat template")
+        self.chat_template = self.tokenizer.chat_template
+        self._fast = getattr(self.tokenizer, "backend_tokenizer", None)
+        eos = {self.tokenizer.eos_token_id} | set(_generation_eos(Path(self.folder)))
+        self.eos_ids = frozenset(i for i in eos if isinstance(i, int))
+
+    def text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            _templated(messages), tools=tools or None, tokenize=False,
+            add_generation_prompt=generation,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._encode(text))
+
+    @functools.lru_cache(maxsize=256)  # the samples of a task all open with the same prompt
+    def _encode(self, text: str) -> tuple[int, ...]:
+        if self._fast is not None:  # the same ids, without transformers' per-call overhead
+            return tuple(self._fast.encode(text, add_special_tokens=False).ids)
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+
+async def _engine_facts(client: EngineClient) -> tuple[str | None, int]:
+    info = await client.get_json("/get_model_info")
+    cards = (await client.get_json("/v1/models")).get("data") or [{}]
+    return info.get("tokenizer_path"), int(cards[0].get("max_model_len") or 32768)
+
+
+def _generation_eos(folder: Path) -> list[int]:
+    try:
+        value = json.loads((folder / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError):
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def _templated(messages: list[dict]) -> list[dict]:
+    """Messages as templates expect them: tool-call arguments as objects, not JSON strings."""
+    out = []
+    for m in messages:
+        if m.get("tool_calls"):
+            m = dict(m, tool_calls=[_object_arguments(c) for c in m["tool_calls"]])
+        out.append(m)
+    return out
+
+
+def _object_arguments(call: dict) -> dict:
+    fn = call.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(fn["arguments"])
+    except ValueError:
+        return call
+    return dict(call, function=dict(fn, arguments=arguments)) if isinstance(arguments, dict) else call
+
+
+@dataclass
+class _Chain:
+    number: int
+    messages: list[dict]  # through the last sampled assistant reply
+    tools: list[dict] | None
+    ids: list[int]  # prompt + sampled ids of the chain's last call
+    prompt_text: str  # the rendered prompt of the chain's last call
+
+
+class Chains:
+    """A session's chains; `prompt` finds the one a conversation extends."""
+
+    def __init__(self) -> None:
+        self._chains: list[_Chain] = []
+        self.started = 0
+
+    def prompt(self, r: Renderer, call: Call) -> tuple[list[int], _Chain | None, str, str]:
+        """(prompt ids, the chain extended or None, why none, the rendered prompt text)."""
+        full = r.text(call.messages, call.tools, True)
+        why = "first call of the session"
+        for chain in reversed(self._chains):
+            glue, why = self._glue(r, chain, call, full)
+            if glue is not None:
+                return chain.ids + r.encode(glue), chain, "", full
+        return r.encode(full), None, why, full
+
+    @staticmethod
+    def _glue(r: Renderer, chain: _Chain, call: Call, full: str) -> tuple[str | None, str]:
+        """The text after the chain's last reply, when `call` re-sends the chain's history."""
+        n, messages = len(chain.messages), call.messages
+        if call.tools != chain.tools:
+            return None, f"tools differ from chain {chain.number}"
+        for i in range(min(n, len(messages))):
+            if not same_message(messages[i], chain.messages[i]):
+                return None, f"message {i} differs from chain {chain.number}"
+        if len(messages) <= n:
+            return None, f"conversation does not extend chain {chain.number}"
+        if chain.ids[-1] not in r.eos_ids:
+            return None, f"chain {chain.number}'s last reply did not end with an end token"
+        before = chain.prompt_text  # usually still the start of the rendering; else re-render
+        if not full.startswith(before):
+            before = r.text(messages[: n - 1], call.tools, True)
+        end = r.token_text(chain.ids[-1])
+        at = full.find(end, len(before)) if full.startswith(before) else -1
+        if at < 0:
+            return None, f"template renders chain {chain.number}'s history differently"
+        return full[at + len(end):], ""
+
+    def record(self, chain: _Chain | None, call: Call, outcome: Outcome, text: str) -> int:
+        messages = [*call.messages, assistant_message(outcome)]
+        ids = outcome.prompt_ids + outcome.output_ids
+        if chain is None:
+            chain = _Chain(self.started, messages, call.tools, ids, text)
+            self.started += 1
+            self._chains.append(chain)
+            del self._chains[:-MAX_CHAINS]
+        else:
+            chain.messages, chain.ids, chain.prompt_text = messages, ids, text
+        return chain.number
+
+
+class Tito:
+    """`renderer` may be None: the engine's tokenizer (`/get_model_info` `tokenizer_path`) and
+    context length (`/v1/models` `max_model_len`) are then looked up by `warm()` (at start) or by
+    the first call."""
+
+    def __init__(self, renderer: Renderer | None, parser_name: str, router: Router) -> None:
+        self.renderer, self.parser_name, self.router = renderer, parser_name, router
+        self.parser = parser_for(parser_name, renderer.chat_template) if renderer else None
+        self.context_length: int | None = None
+        self._setup = asyncio.Lock()
+        self._chains: dict[str, Chains] = {}
+
+    async def _prepare(self, session_id: str) -> None:
+        async with self._setup:
+            if self.renderer is not None and self.context_length is not None:
+                return
+            (folder, self.context_length), _ = await self.router.attempt(session_id, _engine_facts)
+            if self.renderer is None:
+                if not folder:
+                    raise EngineError(502, "the engine names no tokenizer_path; give the proxy --tokenizer")
+                try:
+                    self.renderer = await asyncio.to_thread(Renderer, folder)
+                except ValueError as e:
+                    raise EngineError(502, str(e)) from None
+                self.parser = parser_for(self.parser_name, self.renderer.chat_template)
+            log.info("tito: tokenizer %s, tool parser %s, context %d",
+                     self.renderer.folder, self.parser.name, self.context_length)
+
+    async def warm(self) -> None:
+        """Load the tokenizer now if the engine answers, so the first call need not wait."""
+        try:
+            await self._prepare("")
+        except EngineError as e:
+            log.info("tito: tokenizer not loaded yet (%s); the first call will retry", e.message)
+        finally:
+            self.router.forget("")
+
+    def forget(self, session_id: str) -> None:
+        self._chains.pop(session_id, None)
+
+    async def answer(
+        self, session_id: str, call: Call, emit: Callable[[str], Awaitable[None]]
+    ) -> Outcome:
+        await self._prepare(session_id)
+        chains = self._chains.setdefault(session_id, Chains())
+        prompt_ids, chain, why, text = chains.prompt(self.renderer, call)
+        budget = call.max_tokens
+        if budget is None:
+            budget = max(self.context_length - len(prompt_ids), 1)
+        sampling: dict[str, Any] = {"max_new_tokens": budget, "skip_special_tokens": True}
+        if call.stop:
+            sampling["stop"] = call.stop
+        for key in ("temperature", "top_p"):
+            if getattr(call, key) is not None:
+                sampling[key] = getattr(call, key)
+        rid = uuid.uuid4().hex
+        body = {"input_ids": prompt_ids, "sampling_params": sampling, "return_logprob": True,
+                "stream": call.stream, "rid": rid}
+        (last, url), retried = await self.router.attempt(
+            session_id, lambda client: self._generate(client, body, call, emit)
+        )
+        outcome = self._outcome(rid, call, prompt_ids, last, url)
+        number = chains.record(chain, call, outcome, text)
+        outcome.meta.update(rid=rid, mode="tito", chain=number)
+        if chain is None:
+            outcome.meta["new_chain"] = why
+        if retried:
+            outcome.meta["retried"] = retried
+        return outcome
+
+    async def _generate(
+        self, client: EngineClient, body: dict, call: Call, emit: Callable[[str], Awaitable[None]]
+    ) -> tuple[dict, str]:
+        """The engine's last (cumulative) answer; content is emitted as it grows when streaming."""
+        if not body["stream"]:
+            return await client.post_json("/generate", body), client.base_url
+        sent, last = 0, None
+        async for event in client.stream_json("/generate", body):
+            last = event
+            text = event.get("text") or ""
+            end = self.parser.safe_prefix(text)
+            if end > sent:
+                await emit(text[sent:end])
+                sent = end
+        if last is None:
+            raise EngineError(502, f"engine at {client.base_url} streamed nothing")
+        content, _ = self.parser.parse(last.get("text") or "", call.tools)
+        if content and len(content) > sent and content.startswith((last.get("text") or "")[:sent]):
+            await emit(content[sent:])
+        return last, client.base_url
+
+    def _outcome(self, rid: str, call: Call, prompt_ids: list[int], last: dict, url: str) -> Outcome:
+        meta = last.get("meta_info") or {}
+        try:
+            pairs = meta["output_token_logprobs"]
+            output_ids = [int(p[1]) for p in pairs]
+            logprobs = [float(p[0]) for p in pairs]
+            finish = meta.get("finish_reason") or {}
+            weight_version = str(meta.get("weight_version", ""))
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise EngineError(502, f"engine answer lacks capture fields ({e!r})", True) from None
+        content, calls = self.parser.parse(last.get("text") or "", call.tools)
+        finish_type = finish.get("type") if isinstance(finish, dict) else finish
+        finish_reason = "length" if finish_type == "length" else "stop"
+        if calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
+        return Outcome(
+            rid=rid, content=content,
+            tool_calls=[ToolCall(f"call_{uuid.uuid4().hex[:24]}", n, a) for n, a in calls],
+            finish_reason=finish_reason, prompt_ids=prompt_ids, output_ids=output_ids,
+            output_logprobs=logprobs, weight_version=weight_version, engine_url=url,
+            cached_tokens=int(meta.get("cached_tokens") or 0),
+            token_texts=[self.renderer.token_text(i) for i in output_ids] if call.logprobs else None,
+        )

@@ -1,0 +1,151 @@
+"""tito mode: the model's own rendering, drift-free history, real streaming, failover."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import openai
+import pytest
+
+from polar_hpc import wire
+from polar_hpc.engines.chat_format import ASSET_DIR, ChatFormat
+from polar_hpc.proxy.tito import Renderer
+
+from proxy.helpers import CALCULATOR, MODEL, check_capture, extends, start_engine, start_proxy, stop
+
+TOOLS = [{"type": "function", "function": CALCULATOR}]
+
+
+def sdk(proxy, token: str) -> openai.OpenAI:
+    proxy.gateway.open(token, token)
+    return openai.OpenAI(base_url=proxy.base_url, api_key=token, max_retries=0, timeout=30)
+
+
+def test_renderer_is_the_engine_rendering():
+    """transformers' tokenizer + template on the model folder gives the scripted engine's ids."""
+    r, fmt = Renderer(ASSET_DIR), ChatFormat()
+    messages = [
+        {"role": "system", "content": "sys"}, {"role": "user", "content": "What is 2+3?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+         "function": {"name": "calculator", "arguments": '{"expression": "2+3"}'}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "5"},
+    ]
+    assert r.encode(r.text(messages, TOOLS, True)) == fmt.encode(fmt.render(messages, TOOLS))
+    assert fmt.im_end_id in r.eos_ids
+
+
+@pytest.mark.parametrize("mode", ["tito", "passthrough"])
+def test_reformatted_history_is_spliced_token_exactly(short_tmp, gateway, engine, mode):
+    """A harness re-sends the tool call with its JSON re-serialized (as many do): tito still
+    extends the sampled ids; passthrough re-tokenizes and drifts."""
+    proxy = start_proxy(short_tmp, gateway, engine[0], mode=mode)
+    try:
+        c = sdk(proxy, "t1")
+        question = [{"role": "user", "content": "What is 2+3?"}]
+        first = c.chat.completions.create(model=MODEL, messages=question, tools=TOOLS)
+        call = first.choices[0].message.tool_calls[0]
+        resent = {"role": "assistant", "content": "", "tool_calls": [{
+            "id": call.id, "type": "function",
+            "function": {"name": "calculator", "arguments": '{"expression":"2+3"}'}}]}
+        history = question + [resent, {"role": "tool", "tool_call_id": call.id, "content": "5"}]
+        second = c.chat.completions.create(model=MODEL, messages=history, tools=TOOLS)
+        assert second.choices[0].message.content == "The answer is 5."
+        third = c.chat.completions.create(model=MODEL, messages=history + [
+            {"role": "assistant", "content": "The answer is 5."},
+            {"role": "user", "content": "What is 5*5?"}], tools=TOOLS)
+        assert third.choices[0].finish_reason == "tool_calls"
+        r1, r2, r3 = (gateway.expect(wire.CallRecord) for _ in range(3))
+        for r in (r1, r2, r3):
+            check_capture(r, engine[1])
+        if mode == "passthrough":
+            assert not extends(r2, r1)
+            return
+        assert extends(r2, r1) and extends(r3, r2)
+        assert [r.meta["chain"] for r in (r1, r2, r3)] == [0, 0, 0]
+        assert r1.meta["new_chain"] == "first call of the session" and "new_chain" not in r2.meta
+
+        edited = [{"role": "user", "content": "What is 2+3?"},
+                  {"role": "assistant", "content": "I changed this."},
+                  {"role": "user", "content": "What is 2+3?"}]
+        c.chat.completions.create(model=MODEL, messages=edited, tools=TOOLS)
+        r4 = gateway.expect(wire.CallRecord)
+        check_capture(r4, engine[1])
+        assert r4.meta["chain"] == 1 and r4.meta["new_chain"] == "message 1 differs from chain 0"
+    finally:
+        stop(proxy.proc)
+
+
+def test_tokens_stream_as_they_are_sampled(short_tmp, gateway):
+    proc, url, log = start_engine(short_tmp, "slow", "--token-delay-ms", "40")
+    proxy = start_proxy(short_tmp, gateway, url)
+    try:
+        c = sdk(proxy, "t2")
+        hi = [{"role": "user", "content": "Hi"}]
+        c.chat.completions.create(model=MODEL, messages=hi, max_tokens=1)  # loads the tokenizer
+        gateway.expect(wire.CallRecord)
+        arrivals = [time.monotonic() for chunk in c.chat.completions.create(
+                    model=MODEL, messages=hi, stream=True)
+                    if chunk.choices and chunk.choices[0].delta.content]
+        rec = gateway.expect(wire.CallRecord)
+        check_capture(rec, log)
+        n = len(rec.output_ids)
+        assert n > 10 and len(arrivals) >= n // 2  # many pieces, not one lump
+        # pieces arrive at the engine's pace (40 ms a token), not all at once at the end
+        assert arrivals[-1] - arrivals[0] > 0.5 * 0.04 * (n - 2)
+    finally:
+        stop(proxy.proc)
+        stop(proc)
+
+
+def test_failover_when_an_engine_stops_mid_session(short_tmp, gateway):
+    engines = [start_engine(short_tmp, name) for name in ("e0", "e1")]
+    urls = [url for _, url, _ in engines]
+    proxy = start_proxy(short_tmp, gateway, urls)
+    try:
+        c = sdk(proxy, "t3")
+        question = [{"role": "user", "content": "What is 2+3?"}]
+        first = c.chat.completions.create(model=MODEL, messages=question, tools=TOOLS)
+        r1 = gateway.expect(wire.CallRecord)
+        assert "retried" not in r1.meta
+        stop(engines[urls.index(r1.engine_url)][0])  # the session's engine goes away
+        history = question + [first.choices[0].message.model_dump(exclude_none=True),
+                              {"role": "tool", "tool_call_id": "x", "content": "5"}]
+        second = c.chat.completions.create(model=MODEL, messages=history, tools=TOOLS)
+        assert second.choices[0].message.content == "The answer is 5."
+        r2 = gateway.expect(wire.CallRecord)
+        assert r2.meta["retried"] == [r1.engine_url] and r2.engine_url != r1.engine_url
+        check_capture(r2, engines[urls.index(r2.engine_url)][2])
+        assert extends(r2, r1)  # the chain survives the move
+    finally:
+        stop(proxy.proc)
+        for proc, _, _ in engines:
+            stop(proc)
+
+
+@pytest.mark.parametrize("flags, problem", [
+    (["--tokenizer", "/nonexistent/model"], "cannot load the tokenizer in /nonexistent/model"),
+    (["--mode", "magic"], "proxy mode 'magic' is not known"),
+    (["--tool-parser", "xml"], "tool parser 'xml' is not known"),
+])
+def test_bad_options_are_exit_2(gateway, engine, flags, problem):
+    done = subprocess.run(
+        [sys.executable, "-m", "polar_hpc", "proxy", "--gateway", gateway.endpoint,
+         "--engine-url", engine[0], *flags], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert problem in done.stderr and "Traceback" not in done.stderr
+
+
+def test_strict_model_refuses_other_names(short_tmp, gateway, engine):
+    proxy = start_proxy(short_tmp, gateway, engine[0], strict_model=True)
+    try:
+        c = sdk(proxy, "t4")
+        with pytest.raises(openai.NotFoundError) as err:
+            c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}])
+        assert err.value.body["code"] == "model_not_found" and MODEL in err.value.body["message"]
+        answer = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+        assert answer.model == MODEL
+        assert gateway.expect(wire.CallRecord).call_index == 0  # the refused call left none
+    finally:
+        stop(proxy.proc)
