@@ -59,18 +59,21 @@ def orchestrator(
     run_dir: Path = typer.Option(..., help="The run directory (holds topology.yaml and tasks.jsonl)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
+    advertise: Optional[str] = typer.Option(None, help="Host name peers connect to (default: --host)."),
 ) -> None:
     """Run the orchestrator of a run (started for you by `run` and `submit`)."""
     from polar_hpc.orchestrator.server import serve
 
-    raise typer.Exit(_guard(lambda: serve(run_dir, host, port)))
+    raise typer.Exit(_guard(lambda: serve(run_dir, host, port, advertise)))
 
 
 @app.command()
 def gateway(
     run_dir: Path = typer.Option(..., help="The run directory."),
     orchestrator: str = typer.Option(..., help="Orchestrator endpoint, e.g. tcp://host:port."),
-    engine_url: str = typer.Option(..., help="Engine base URL, e.g. http://host:port."),
+    engine_url: Optional[str] = typer.Option(
+        None, help="Engine base URL, e.g. http://host:port (default: the engines registered with the orchestrator)."
+    ),
     gateway_id: str = typer.Option(..., help="This gateway's name (its shards are named after it)."),
     tmp_dir: Optional[Path] = typer.Option(None, help="Node-local folder for session workspaces."),
 ) -> None:

@@ -9,7 +9,8 @@ returns.
   every `heartbeat_s`, one CallRecord per answered call and SessionClosed after CloseSession, all
   through one FIFO queue: every record of a session leaves before its SessionClosed.
 - Sessions: OpenSession makes calls bearing `Authorization: Bearer <token>` belong to a session.
-  CloseSession revokes the token (later calls get 401), cancels the session's in-flight calls
+  Engines (the live engine URLs) moves calls to the first URL listed when the current engine is
+  not among them (routing over several engines is the proxy's to grow). CloseSession revokes the token (later calls get 401), cancels the session's in-flight calls
   (engine requests aborted, no record sent, the harness gets 401), then answers
   SessionClosed(n_calls = records sent). Records of a session are numbered from 0 as sent.
 - HTTP: POST /v1/chat/completions (adapted by `openai_chat`), GET /v1/models (no key needed).
@@ -130,9 +131,18 @@ class _Proxy:
                 self.link.send(wire.SessionOpened(session_id=message.session_id))
             elif isinstance(message, wire.CloseSession):
                 await self._close(message.session_id)
+            elif isinstance(message, wire.Engines):
+                self._engines(message.urls)
             elif isinstance(message, wire.Shutdown):
                 log.info("gateway asked to shut down: %s", message.reason)
                 return
+
+    def _engines(self, urls: list[str]) -> None:
+        """Engine membership changed: keep the current engine while it is up, else take the first."""
+        urls = [u.rstrip("/") for u in urls]
+        if urls and self.engine.base_url not in urls:
+            log.info("engine %s is gone; now using %s", self.engine.base_url, urls[0])
+            self.engine.base_url = urls[0]
 
     async def heartbeat_loop(self) -> None:
         """Heartbeat the gateway; returns once it has been silent for peer_timeout_s."""
