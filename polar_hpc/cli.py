@@ -101,6 +101,75 @@ def proxy(
     serve(ProxyOptions(gateway, engine_url, host, port, ready_file, model, proxy_id, heartbeat_s, peer_timeout_s))
 
 
+@app.command()
+def submit(
+    config: Path = typer.Option(..., "--config", "-c", help="topology.yaml (with a `slurm:` section)."),
+    tasks: Path = typer.Option(..., "--tasks", help="Task file: YAML (one or a list) or JSONL."),
+    run_dir: Optional[Path] = typer.Option(None, help="Run directory on the shared filesystem (default: ./runs/...)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script; submit nothing."),
+) -> None:
+    """Submit ONE Slurm heterogeneous job: GPU nodes run engines, CPU nodes run gateways."""
+    from polar_hpc.launch import slurm
+
+    def go() -> None:
+        if dry_run:
+            from polar_hpc.config import load_tasks, load_topology
+
+            load_tasks(tasks)
+            topology = load_topology(config)
+            target = (run_dir or Path(topology.run_dir or "runs/DRY-RUN")).resolve()
+            typer.echo(slurm.dry_run(topology, target), nl=False)
+            return
+        job_id, where = slurm.submit(tasks, config, run_dir)
+        typer.echo(f"submitted job {job_id}\nrun directory {where}\nfollow it: polar-hpc status {job_id}")
+
+    _guard(go)
+
+
+@app.command("sbatch")
+def sbatch_script(
+    config: Path = typer.Option(..., "--config", "-c", help="topology.yaml (with a `slurm:` section)."),
+    tasks: Path = typer.Option(..., "--tasks", help="Task file: YAML (one or a list) or JSONL."),
+    run_dir: Optional[Path] = typer.Option(None, help="Run directory on the shared filesystem (default: ./runs/...)."),
+) -> None:
+    """Prepare a run directory and print the same job as a plain sbatch script (submit it yourself)."""
+    from polar_hpc.launch import slurm
+
+    def go() -> None:
+        where, topology = slurm.prepare_run(tasks, config, run_dir)
+        typer.echo(slurm.render_sbatch(topology, where), nl=False)
+
+    _guard(go)
+
+
+@app.command()
+def status(target: str = typer.Argument(..., help="Run directory or Slurm job id.")) -> None:
+    """Slurm state, engines and gateways, sessions by state, throughput and ETA of a run."""
+    from rich.console import Console
+
+    from polar_hpc.launch.status import show
+
+    _guard(lambda: show(target, Console()))
+
+
+@app.command()
+def cancel(target: str = typer.Argument(..., help="Run directory or Slurm job id.")) -> None:
+    """Stop a run cleanly (what the gateways hold is written); scancel if it does not stop."""
+    from rich.console import Console
+
+    from polar_hpc.launch.status import cancel as cancel_run
+
+    _guard(lambda: cancel_run(target, Console()))
+
+
+@app.command(hidden=True)
+def driver(run_dir: Path = typer.Option(..., help="The run directory.")) -> None:
+    """The job's driver (run by the sbatch script in component 0's batch step)."""
+    from polar_hpc.launch.driver import drive
+
+    raise typer.Exit(_guard(lambda: drive(run_dir)))
+
+
 @shards_app.command("show")
 def shards_show(
     run_dir: Path = typer.Argument(..., help="The run directory."),
@@ -114,7 +183,10 @@ def shards_show(
 
 @app.command()
 def engine(
-    kind: str = typer.Option("scripted", help="Engine kind: 'scripted' (CPU test/demo engine)."),
+    kind: str = typer.Option("scripted", help="'scripted' (CPU test/demo engine) or 'sglang' (with --run-dir)."),
+    run_dir: Optional[Path] = typer.Option(
+        None, help="Engine step of a Slurm run: start the servers, register them with the orchestrator."
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
     ready_file: Optional[Path] = typer.Option(None, help="Write {'url': ...} here once listening."),
@@ -128,6 +200,11 @@ def engine(
     """Run an inference engine that speaks SGLang's HTTP API."""
     from polar_hpc.engines import scripted
 
+    if run_dir is not None:
+        from polar_hpc.engines.step import main
+
+        _guard(lambda: main(kind, run_dir))
+        return
     if kind != "scripted":
         _fail(f"engine --kind: unknown kind {kind!r} (known here: scripted)")
     options = scripted.ScriptedOptions(

@@ -78,6 +78,10 @@ def secure_server(ctx: zmq.asyncio.Context, sock: zmq.Socket, run_dir: Path):
     return auth
 
 
+def server_public_key(run_dir: Path) -> str:
+    return _load(run_dir, "server")["public"]
+
+
 def secure_client(sock: zmq.Socket, run_dir: Path) -> None:
     """Give `sock` the run's client keypair and the orchestrator's public key (no-op without keys).
     Call before connect."""

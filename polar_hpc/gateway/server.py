@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import tempfile
@@ -102,8 +103,12 @@ class _Gateway:
 
     async def run(self) -> int:
         opts, gw = self.opts, self.topology.gateway
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, self.stopping.set)
+            loop.add_signal_handler(sig, self.stopping.set)
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal reaches every step: the driver acts on it
+            loop.add_signal_handler(sig, log.info, "signal %s: left to the driver", sig)
+        log.info("CUDA_VISIBLE_DEVICES=%s", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
         sandbox_cls, warning = backend(self.topology.sandbox.backend)
         if warning:
             log.warning(warning)

@@ -46,7 +46,11 @@ class _Gateway:
 
 def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return asyncio.run(Orchestrator(run_dir, host, port, advertise).run())
+
+    async def main() -> int:  # built inside the loop: the CURVE authenticator runs on it
+        return await Orchestrator(run_dir, host, port, advertise).run()
+
+    return asyncio.run(main())
 
 
 def write_rendezvous(run_dir: Path, info: dict) -> None:
@@ -88,7 +92,7 @@ class Orchestrator:
             self.journal.write("queued", session=s.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt)
         info = {"endpoint": self.endpoint, "pid": os.getpid()}
         if self.auth is not None:
-            info["curve_server_key"] = self.sock.curve_publickey.decode()
+            info["curve_server_key"] = security.server_public_key(self.run_dir)
         write_rendezvous(self.run_dir, info)
         log.info("listening on %s with %d sessions (%d already done)", self.endpoint, len(self.table.sessions),
                  len(self.done))
@@ -100,7 +104,7 @@ class Orchestrator:
         for s in self.table.sessions.values():
             if s.state not in FINAL and s.state != "queued":
                 self.journal.write("interrupted", session=s.session_id, reason="orchestrator stopping")
-        for identity in list(self.gateways):
+        for identity in list(self.gateways) + list(self.engines):
             self._send(identity, wire.Shutdown(reason="run finished"))
         for t in tasks:
             t.cancel()
