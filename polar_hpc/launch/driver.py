@@ -85,7 +85,7 @@ def drive(run_dir: Path) -> int:
     finally:
         procs.stop([orchestrator], grace_s=10)
         running = [s.child for s in steps if s.child is not None]
-        for child in running:  # after Shutdown the steps exit on their own; srun kills them on SIGTERM
+        for child in running if not signals else []:  # after Shutdown the steps exit on their own
             _wait(child.proc, 15)
         procs.stop(running, grace_s=20)
         sock.close(linger=0)
@@ -131,7 +131,7 @@ def _supervise(steps: list[_Step], max_restarts: int) -> None:
 
 def _finished(sock: zmq.Socket) -> bool:
     sock.send(wire.encode(wire.StatusRequest()))
-    if not sock.poll(5000):
+    if not sock.poll(1000):
         return False
     reply = wire.decode(sock.recv())
     return isinstance(reply, wire.StatusReply) and reply.done

@@ -61,7 +61,7 @@ TaskPlugin=task/none
 MpiDefault=none
 MailProg=/bin/true
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1,bf_hetjob_immediate,sched_interval=2
+SchedulerParameters=bf_interval=1,bf_resolution=5,bf_hetjob_immediate,sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu

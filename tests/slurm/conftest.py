@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +34,14 @@ def slurm(tmp_path_factory) -> dict[str, str]:
             pytest.fail(f"no Slurm answers with SLURM_CONF={CONF} (start it: tests/slurm/cluster.sh start)")
         pytest.skip("no Slurm here (tests/slurm/cluster.sh install && tests/slurm/cluster.sh start)")
     return env
+
+
+@pytest.fixture
+def tmp_path() -> Path:
+    """A folder of its own (pytest's numbered temp folders are pruned by other concurrent runs)."""
+    path = Path(tempfile.mkdtemp(prefix="polar-slurm-test-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def journal(run_dir: Path) -> list[dict]:
