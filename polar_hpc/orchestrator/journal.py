@@ -23,7 +23,10 @@ class Journal:
     def __init__(self, run_dir: Path) -> None:
         path = run_dir / "journal" / "orchestrator.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
+        cut = path.exists() and path.stat().st_size > 0 and _last_byte(path) != b"\n"
         self._file = open(path, "a", buffering=1)
+        if cut:  # a line a crash cut short stays alone on its line
+            self._file.write("\n")
 
     def write(self, event: str, **fields: Any) -> None:
         self._file.write(json.dumps({"t": round(time.time(), 6), "event": event, **fields}) + "\n")
@@ -52,6 +55,12 @@ def replay(run_dir: Path) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, 
         if event.get("event") == "result":
             results.setdefault(key[:2], event)
     return results, attempts
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1)
 
 
 def _key(session_id: str) -> tuple[str, int, int] | None:

@@ -1,0 +1,49 @@
+"""`polar-hpc submit --dry-run` and `polar-hpc sbatch`: the hetjob script, and bad topologies."""
+
+from __future__ import annotations
+
+import stat
+import sys
+from pathlib import Path
+
+from tests.conftest import polar
+
+HERE = Path(__file__).resolve().parent
+
+
+def _directives(script: str) -> list[str]:
+    """The #SBATCH lines that define the job (output paths and the command differ by design)."""
+    return [x for x in script.splitlines() if x.startswith("#SBATCH") and "--output" not in x and "--open-mode" not in x]
+
+
+def test_dry_run_equals_the_golden_file(calculator_dir: Path, tmp_path: Path) -> None:
+    out = polar("submit", "-c", HERE / "topology.yaml", "--tasks", calculator_dir / "task.yaml",
+                "--run-dir", "/RUN", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.replace(sys.executable, "PYTHON") == (HERE / "golden" / "dry-run.sbatch").read_text()
+    assert not Path("/RUN").exists()  # a dry run writes nothing
+
+
+def test_sbatch_renders_the_same_job_and_prepares_the_run(calculator_dir: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = polar("sbatch", "-c", HERE / "topology.yaml", "--tasks", calculator_dir / "task.yaml", "--run-dir", run_dir)
+    assert out.returncode == 0, out.stderr
+    golden = (HERE / "golden" / "dry-run.sbatch").read_text()
+    assert _directives(out.stdout) == _directives(golden)
+    assert out.stdout.rstrip().endswith(f"-m polar_hpc driver --run-dir {run_dir}")
+    assert (run_dir / "tasks.jsonl").exists() and (run_dir / "topology.yaml").exists()
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    for key in ("server.json", "client.json"):
+        assert stat.S_IMODE((run_dir / "keys" / key).stat().st_mode) == 0o600
+
+
+def test_invalid_topology_names_the_field(calculator_dir: Path, tmp_path: Path) -> None:
+    topo = tmp_path / "topology.yaml"
+    topo.write_text("slurm:\n  gpu:\n    nodes: 0\n  cpu:\n    cpus: 4\n    gpu: 1\n")
+    for command in (["submit", "--dry-run"], ["submit"], ["sbatch"]):
+        out = polar(*command, "-c", topo, "--tasks", calculator_dir / "task.yaml", "--run-dir", tmp_path / "run")
+        assert out.returncode == 2, out
+        assert f"{topo}:3: slurm.gpu.nodes: Input should be greater than or equal to 1" in out.stderr
+        assert f"{topo}:6: slurm.cpu.gpu: unknown key" in out.stderr
+        assert "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
