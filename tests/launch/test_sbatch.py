@@ -47,3 +47,17 @@ def test_invalid_topology_names_the_field(calculator_dir: Path, tmp_path: Path) 
         assert f"{topo}:6: slurm.cpu.gpu: unknown key" in out.stderr
         assert "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_readme_topology_example_is_valid(tmp_path: Path) -> None:
+    import re
+
+    from polar_hpc.config import load_topology
+
+    readme = (HERE.parent.parent / "README.md").read_text()
+    section = readme.split("## Running on Slurm", 1)[1]
+    path = tmp_path / "topology.yaml"
+    path.write_text(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    topology = load_topology(path)
+    assert (topology.slurm.gpu.nodes, topology.slurm.gpu.gpus, topology.slurm.cpu.nodes) == (2, 8, 4)
+    assert topology.engine.kind == "sglang" and topology.engine.tp_size == 8
