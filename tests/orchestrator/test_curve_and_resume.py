@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,21 +12,13 @@ import pytest
 import zmq
 
 from polar_hpc import security, wire
+from tests.orchestrator.helpers import start_orchestrator
 
 TASK = {"id": "t", "instruction": "hi", "num_samples": 3, "harness": {"command": "true"}}
 
 
 def _start(run_dir: Path) -> tuple[subprocess.Popen, str]:
-    (run_dir / "topology.yaml").write_text("gateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 5.0\n")
-    (run_dir / "tasks.jsonl").write_text(json.dumps(TASK) + "\n")
-    proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "orchestrator", "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    rendezvous = run_dir / "rendezvous.json"
-    deadline = time.monotonic() + 30
-    while not rendezvous.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-        time.sleep(0.02)
-    return proc, json.loads(rendezvous.read_text())["endpoint"]
+    return start_orchestrator(run_dir, "gateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 5.0\n", TASK)
 
 
 @pytest.fixture
