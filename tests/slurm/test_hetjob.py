@@ -106,3 +106,28 @@ def test_killed_gateway_step_is_restarted(slurm, tmp_path: Path, calculator_dir:
     assert "gateway-n1 exited with code" in driver_log and "restart 1" in driver_log, driver_log
     assert [e for e in journal(run_dir) if e["event"] in ("gateway_lost", "interrupted", "requeued")]
     assert json.loads((run_dir / "job.json").read_text())["job_id"] == job_id
+
+
+def test_preemption_signal_requeues_and_resumes(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    """The job's `--signal=B:USR2` (sent here by hand, as at the time limit): the driver journals,
+    stops and requeues the job, which resumes."""
+    job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 10), token_delay_ms=15)
+    wait_for("a few results", lambda: len(results(run_dir)) >= 2, 120, 0.2)
+    subprocess.run(["scancel", "--signal=USR2", "--batch", job_id], env=slurm, check=True)
+    wait_for("the requeued job to resume", lambda: _nudge(slurm, job_id) or any(
+        e["event"] == "resumed" for e in journal(run_dir)), 120, 2.0)
+    wait_for("the job to end", lambda: job_gone(slurm, job_id), 180)
+    _check_exactly_once(run_dir, 10)
+    driver_log = next((run_dir / "slurm").glob("*_log.out")).read_text()
+    assert f"got signal {int(signal.SIGUSR2)}" in driver_log and "restart 1" in driver_log, driver_log
+
+
+def test_cancel_stops_the_job_cleanly(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 40), token_delay_ms=30)
+    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
+    out = _polar(slurm, "cancel", job_id)
+    assert out.returncode == 0 and f"job {job_id} ended" in out.stdout, out
+    assert any(e["event"] == "shutdown" and e["reason"] == "polar-hpc cancel" for e in journal(run_dir))
+    assert len(results(run_dir)) < 40  # stopped before the end
+    status = wait_for("sacct to record the job", lambda: "COMPLETED" in (o := _polar(slurm, "status", job_id).stdout) and o, 30)
+    assert "orchestrator not reachable" in status
