@@ -205,8 +205,10 @@ def engine(
 
         _guard(lambda: main(kind, run_dir))
         return
+    if kind == "sglang":
+        _fail("engine --kind sglang: needs --run-dir (it runs as the engine step of a Slurm run)")
     if kind != "scripted":
-        _fail(f"engine --kind: unknown kind {kind!r} (known here: scripted)")
+        _fail(f"engine --kind: unknown kind {kind!r} (known: scripted, sglang)")
     options = scripted.ScriptedOptions(
         host=host,
         port=port,

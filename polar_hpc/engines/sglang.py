@@ -28,7 +28,6 @@ def command(engine: EngineConfig, host: str, port: int, python: str = sys.execut
 def split_devices(visible: str | None, gpus: int, tp_size: int) -> list[str | None]:
     """CUDA_VISIBLE_DEVICES for each server of the node (None: leave the variable as it is)."""
     devices = [d for d in (visible or "").split(",") if d] or [str(i) for i in range(gpus)]
-    n = max(1, len(devices) // tp_size)
     if len(devices) < tp_size:
         return [visible]
-    return [",".join(devices[i * tp_size:(i + 1) * tp_size]) for i in range(n)]
+    return [",".join(devices[i * tp_size:(i + 1) * tp_size]) for i in range(len(devices) // tp_size)]

@@ -3,7 +3,8 @@
 It starts the node's engine servers (SGLang: one per `tp_size` GPUs; scripted: one, on the CPU),
 waits until each answers GET /health, registers each URL and weight version with the orchestrator
 found through `<run>/rendezvous.json` (EngineHello, over CURVE with the run's keys), heartbeats,
-and on Shutdown from the orchestrator or SIGTERM/SIGINT/SIGUSR1/SIGUSR2 deregisters (EngineBye) and stops the servers. A server that
+and on Shutdown from the orchestrator or SIGTERM/SIGINT deregisters (EngineBye) and stops the
+servers (SIGUSR1/SIGUSR2 are trapped and left to the driver). A server that
 exits takes the step down with code 1 (the driver restarts the step).
 """
 
@@ -26,14 +27,18 @@ from polar_hpc.engines import sglang
 
 
 def run_step(kind: str, run_dir: Path) -> int:
+    if kind not in ("scripted", "sglang"):
+        raise ConfigError(f"engine --kind: unknown kind {kind!r} (known: scripted, sglang)")
     topology = load_topology(run_dir / "topology.yaml")
     host = socket.gethostname()
     node = os.environ.get("SLURMD_NODENAME", host)
     print(f"engine step on {node}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}", flush=True)
     servers = _start_servers(kind, topology, run_dir, node)
     stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+    for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal may reach every step: the driver acts on it
+        signal.signal(sig, lambda signum, _frame: print(f"signal {signum}: left to the driver", flush=True))
     sock = None
     try:
         urls = [_wait_healthy(child, port, host, topology, stopping) for child, port in servers]
@@ -72,8 +77,6 @@ def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str) -> l
         if engine.script:
             args += ["--script", engine.script]
         return [(procs.spawn(f"engine-{node}", args, logs / f"engine-{node}.log"), port)]
-    if kind != "sglang":
-        raise ConfigError(f"engine --kind: unknown kind {kind!r} (known: scripted, sglang)")
     servers = []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     for i, devices in enumerate(sglang.split_devices(visible, topology.slurm.gpu.gpus, engine.tp_size)):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 import sys
 from pathlib import Path
@@ -69,3 +70,9 @@ def test_hetjob_state_is_read_from_its_leader_row() -> None:
     sacct = "JobID|State|NodeList\n12+0|RUNNING|n0\n12+0.batch|RUNNING|n0\n12+1|RUNNING|n1\n"
     info = HetInfoWatcher().read_info(sacct)
     assert info["12"]["State"] == "RUNNING"  # stock submitit finds no "12" row: UNKNOWN forever
+
+
+def test_status_and_cancel_of_an_unknown_run(tmp_path: Path) -> None:
+    for command in ("status", "cancel"):
+        out = polar(command, tmp_path / "nothing-here", env=dict(os.environ, POLAR_HPC_HOME=str(tmp_path)))
+        assert out.returncode == 2 and "neither a run directory nor a job id submitted from here" in out.stderr, out
