@@ -2,9 +2,10 @@
 
 Runs `polar-hpc run` on N sessions of a trivial harness (one chat call with urllib, then exit) and,
 in the same run of this script, the same harness N times directly against the engine with no
-polar-hpc in between. Per session, the infrastructure overhead is the session's span at the gateway
-(dispatch to trajectory written) minus the time its harness process ran, which already holds the
-engine's time. Prints one JSON object as its last line.
+polar-hpc in between, as many at once as the gateway has RUN slots. Per session, the
+infrastructure overhead is the session's span at the gateway (assigned to trajectory written) minus
+the time its harness process ran (which holds the engine's time) and minus the time it waited for
+a free slot (queueing, which is capacity, not overhead). Prints one JSON object as its last line.
 
     uv run python bench/e2e.py [--sessions 32]
 """
@@ -12,6 +13,7 @@ engine's time. Prints one JSON object as its last line.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import statistics
 import subprocess
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 from polar_hpc import procs
+from polar_hpc.config import PoolConfig
 from polar_hpc.shards.reader import iter_trajectories
 
 HARNESS = (
@@ -49,7 +52,7 @@ def polar_run(tmp: Path, sessions: int) -> tuple[float, list]:
     return wall, list(iter_trajectories(tmp / "run"))
 
 
-def direct_runs(tmp: Path, sessions: int) -> list[float]:
+def direct_runs(tmp: Path, sessions: int, concurrency: int) -> list[float]:
     """The same harness against the engine's own OpenAI route, with no proxy, sandbox or gateway."""
     ready = tmp / "engine.ready"
     engine = procs.spawn("engine", ["engine", "--port", "0", "--ready-file", str(ready)], tmp / "engine.log")
@@ -57,12 +60,14 @@ def direct_runs(tmp: Path, sessions: int) -> list[float]:
         url = procs.wait_ready(engine, ready)["url"]
         env = {"OPENAI_BASE_URL": f"{url}/v1", "OPENAI_API_KEY": "x", "POLAR_INSTRUCTION": "Say hello.",
                "PATH": str(Path(sys.executable).parent)}
-        spans = []
-        for _ in range(sessions):
+
+        def once(_: int) -> float:
             t0 = time.perf_counter()
             subprocess.run([sys.executable, str(tmp / "harness.py")], env=env, check=True, capture_output=True)
-            spans.append(time.perf_counter() - t0)
-        return spans
+            return time.perf_counter() - t0
+
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            return list(pool.map(once, range(sessions)))
     finally:
         procs.stop([engine])
 
@@ -75,10 +80,12 @@ def main() -> None:
         tmp = Path(d)
         (tmp / "harness.py").write_text(HARNESS)
         wall, trajs = polar_run(tmp, args.sessions)
-        direct = direct_runs(tmp, args.sessions)
+        direct = direct_runs(tmp, args.sessions, PoolConfig().run)
     completed = [t for t in trajs if t.status == "completed"]
-    overhead = [(t.t_end - t.t_start) - t.metadata["timings"]["run_s"] for t in completed]
-    harness = [t.metadata["timings"]["run_s"] for t in completed]
+    timings = [t.metadata["timings"] for t in completed]
+    overhead = [(t.t_end - t.t_start) - x["run_s"] - x.get("ready_s", 0) - x.get("wait_s", 0)
+                for t, x in zip(completed, timings)]
+    harness = [x["run_s"] for x in timings]
     figures = {
         "sessions": len(trajs),
         "completed": len(completed),

@@ -170,15 +170,67 @@ def driver(run_dir: Path = typer.Option(..., help="The run directory.")) -> None
     raise typer.Exit(_guard(lambda: drive(run_dir)))
 
 
-@shards_app.command("show")
-def shards_show(
-    run_dir: Path = typer.Argument(..., help="The run directory."),
-    json_lines: bool = typer.Option(False, "--json", help="One JSON object per trajectory per line."),
-) -> None:
-    """Print the trajectories of a run as a table (or JSON lines)."""
-    from polar_hpc.shards.table import show
+_RUN_DIR = typer.Argument(..., help="The run directory.")
+_JSON = typer.Option(False, "--json", help="One JSON object per line instead of a table.")
+_STATUS = typer.Option(None, "--status", help="Keep only this status (repeatable).")
+_REWARD = typer.Option(None, "--reward", help="Keep rewards in LO:HI (either end may be empty, e.g. 0.5:).")
+_VERSIONS = typer.Option(None, "--weight-versions", help="Keep trajectories whose calls all used versions in LO:HI.")
 
-    _guard(lambda: show(run_dir, json_lines))
+
+@shards_app.command("show")
+def shards_show(run_dir: Path = _RUN_DIR, json_lines: bool = _JSON) -> None:
+    """Print the trajectories of a run as a table (or JSON lines)."""
+    from polar_hpc.shards import table
+
+    _guard(lambda: table.show(run_dir, json_lines))
+
+
+@shards_app.command("ls")
+def shards_ls(run_dir: Path = _RUN_DIR, json_lines: bool = _JSON) -> None:
+    """List the sealed shards of a run: records, size, when sealed, whether indexed."""
+    from polar_hpc.shards import table
+
+    _guard(lambda: table.ls(run_dir, json_lines))
+
+
+@shards_app.command("verify")
+def shards_verify(run_dir: Path = _RUN_DIR) -> None:
+    """Check every record (damage: file and byte offset) and every journaled result; exit 1 on a problem."""
+    from polar_hpc.shards import table
+
+    raise typer.Exit(_guard(lambda: table.verify_run(run_dir)))
+
+
+@shards_app.command("export")
+def shards_export(
+    run_dir: Path = _RUN_DIR,
+    out: Path = typer.Option(..., "--out", "-o", help="File to write."),
+    fmt: str = typer.Option("parquet", "--format", help="parquet (needs pyarrow) or jsonl."),
+    status: Optional[list[str]] = _STATUS,
+    reward: Optional[str] = _REWARD,
+    weight_versions: Optional[str] = _VERSIONS,
+) -> None:
+    """Export the run's trajectories, one row per trace (token ids, masks, logprobs, messages)."""
+    from polar_hpc.shards import table
+
+    _guard(lambda: table.export(run_dir, out, fmt, table.cli_filter(status, reward, weight_versions)))
+
+
+@shards_app.command("follow")
+def shards_follow(
+    run_dir: Path = typer.Argument(..., help="The run directory (the job may still be running)."),
+    cursor: Optional[Path] = typer.Option(None, help="Cursor file: a rerun with it continues where this one stopped."),
+    json_lines: bool = _JSON,
+    idle_timeout: Optional[float] = typer.Option(None, help="Stop after this many seconds with nothing new."),
+    status: Optional[list[str]] = _STATUS,
+    reward: Optional[str] = _REWARD,
+    weight_versions: Optional[str] = _VERSIONS,
+) -> None:
+    """Print each trajectory the journal accepted as its shard is sealed, until the run is complete."""
+    from polar_hpc.shards import table
+
+    keep = _guard(lambda: table.cli_filter(status, reward, weight_versions))
+    raise typer.Exit(_guard(lambda: table.follow(run_dir, cursor, keep, json_lines, idle_timeout)))
 
 
 @app.command()

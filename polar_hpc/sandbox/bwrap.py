@@ -7,8 +7,10 @@ namespace is unshared too; `host` and `proxy-only` keep the host network (loopba
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 
 from polar_hpc.sandbox.base import Sandbox
 
@@ -25,13 +27,22 @@ def available() -> bool:
     return probe.returncode == 0
 
 
+def _interpreter_paths() -> list[str]:
+    """This interpreter's environment folders that live under /tmp (they must stay visible)."""
+    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    return sorted(p for p in paths if p == "/tmp" or p.startswith("/tmp/"))
+
+
 class BwrapSandbox(Sandbox):
     name = "bwrap"
 
     def _wrap(self, argv: list[str]) -> list[str]:
         ws, tmp = str(self.workspace), str(self.tmp)
         args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        args += ["--bind", tmp, "/tmp", "--bind", ws, ws, "--chdir", ws]
+        args += ["--bind", tmp, "/tmp"]
+        for path in _interpreter_paths():  # a virtualenv under /tmp would be hidden by the private /tmp
+            args += ["--ro-bind", path, path]
+        args += ["--bind", ws, ws, "--chdir", ws]
         args += ["--unshare-all", "--die-with-parent", "--new-session"]
         if self.network != "none":
             args.append("--share-net")

@@ -139,12 +139,15 @@ def decode_trajectory(payload: bytes) -> Trajectory:
         raise FormatError(-1, f"bad trajectory record: {e}") from None
 
 
-def read_frames(f: BinaryIO) -> Iterator[tuple[int, bytes]]:
-    """(offset, payload) of each intact record of the open shard `f`, header first."""
+def read_frames(f: BinaryIO, start: int = 0) -> Iterator[tuple[int, bytes]]:
+    """(offset, payload) of each intact record of the open shard `f`, header first; from `start`
+    on when it is the offset of a record (0: check the magic first)."""
     size = os.fstat(f.fileno()).st_size
-    if f.read(len(MAGIC)) != MAGIC:
+    if start:
+        f.seek(start)
+    elif f.read(len(MAGIC)) != MAGIC:
         raise FormatError(0, "not a polar shard (bad magic)")
-    offset = len(MAGIC)
+    offset = start or len(MAGIC)
     while head := f.read(FRAME.size):
         if len(head) < FRAME.size:
             raise FormatError(offset, f"truncated record header ({len(head)} of {FRAME.size} bytes)")

@@ -1,13 +1,17 @@
-"""Read sealed shards: trajectories, integrity checks, and the run summary.
+"""Read sealed shards once: trajectories, integrity checks, and the run summary.
 
 `path` arguments accept a run dir (shards in `<run>/shards/`), a shards dir, or one shard file.
-Only sealed shards are read (`*.shard`, hidden temp files skipped), in name order: by writer,
-then in the order each writer sealed them. A record that fails its length or checksum, or does not
-decode, ends its file: the intact records before it are yielded, the rest of the file is skipped
-with a logged warning counting the bytes, and nothing partial is ever yielded.
+Only sealed shards are read (`*.shard`, hidden temp files skipped; the folder is listed once per
+call), in name order: by writer, then in the order each writer sealed them. A record that fails
+its length or checksum, or does not decode, ends its file: the intact records before it are
+yielded, the rest of the file is skipped with a logged warning counting the bytes, and nothing
+partial is ever yielded.
 
-With `unique=True` (the default) each (task_id, sample_index) is yielded once, the first copy met
-in that order winning: a session re-run after its gateway was lost may have been written twice.
+With `unique=True` (the default) each (task_id, sample_index) is yielded once. When the run has
+its journal, the journal decides (polar_hpc.shards.decisions): the accepted session's record is
+yielded, strays are skipped, and a key the journal has not decided yet yields its first copy.
+Without a journal the first copy of each key in read order wins. `unique=False` yields every
+intact record, strays included.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from polar_hpc.shards.format import FormatError, decode_header, decode_trajectory, read_frames
+from polar_hpc.shards.decisions import STRAY, Decisions
+from polar_hpc.shards.format import FRAME, FormatError, decode_header, decode_trajectory, read_frames
 from polar_hpc.trajectory.model import Trajectory
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,14 @@ def shard_files(path: Path) -> list[Path]:
     return sorted(p for p in sealed if p.is_file())
 
 
+def run_root(path: Path) -> Path:
+    """The run dir of a run dir, shards dir or shard file."""
+    path = Path(path)
+    if path.is_file():
+        path = path.parent
+    return path if (path / "shards").is_dir() else path.parent
+
+
 def iter_trajectories(path: Path, unique: bool = True) -> Iterator[Trajectory]:
     for _, traj in _Scan(path, unique):
         yield traj
@@ -46,7 +59,7 @@ def verify(path: Path) -> list[str]:
     """Every problem found, as `FILE: byte offset N: what (M bytes skipped)`; [] when all is well."""
     problems: list[str] = []
     for shard in shard_files(path):
-        for _ in _read(shard, problems):
+        for _ in read_shard(shard, problems):
             pass
     return problems
 
@@ -90,23 +103,26 @@ def summarize(path: Path) -> dict[str, Any]:
 
 
 class _Scan:
-    """One pass over the shards under a path, keeping count of problems and duplicates."""
+    """One pass over the shards under a path, keeping count of problems and copies skipped."""
 
     def __init__(self, path: Path, unique: bool) -> None:
         self.files = shard_files(path)
         self.unique = unique
         self.problems: list[str] = []
         self.duplicates = 0
+        self.decisions = Decisions(run_root(path))
+        self.decisions.update()
 
     def __iter__(self) -> Iterator[tuple[Path, Trajectory]]:
         seen: set[tuple[str, int]] = set()
         for shard in self.files:
             found: list[str] = []
-            for traj in _read(shard, found):
+            for _, _, traj in read_shard(shard, found):
                 key = (traj.task_id, traj.sample_index)
-                if self.unique and key in seen:
+                if self.unique and (key in seen or self.decisions.verdict(traj) == STRAY):
                     self.duplicates += 1
-                    log.info("%s: skipping another copy of task %r sample %d", shard, *key)
+                    log.info("%s: skipping session %s, not the one that counts for task %r sample %d",
+                             shard, traj.session_id, *key)
                     continue
                 seen.add(key)
                 yield shard, traj
@@ -115,17 +131,18 @@ class _Scan:
             self.problems += found
 
 
-def _read(shard: Path, problems: list[str]) -> Iterator[Trajectory]:
-    """The intact trajectories of one shard; the problem that ended it, if any, goes to `problems`."""
+def read_shard(shard: Path, problems: list[str], start: int = 0) -> Iterator[tuple[int, int, Trajectory]]:
+    """(offset, end offset, trajectory) of each intact record of one shard, from the record at
+    `start` (0: the beginning); the problem that ended it, if any, goes to `problems`."""
     try:
         with open(shard, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            offset = 0
+            offset = start
             try:
-                header_seen = False
-                for offset, payload in read_frames(f):
+                header_seen = start > 0
+                for offset, payload in read_frames(f, start):
                     if header_seen:
-                        yield decode_trajectory(payload)
+                        yield offset, offset + FRAME.size + len(payload), decode_trajectory(payload)
                     else:
                         decode_header(payload)
                         header_seen = True

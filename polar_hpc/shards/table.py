@@ -1,23 +1,58 @@
-"""`polar-hpc shards show`: a run's trajectories as a table, or one JSON object per line."""
+"""What `polar-hpc shards ls|show|verify|export|follow RUN_DIR` print: rich tables, or JSON lines.
+
+Each function takes the run dir first and raises ConfigError (exit 2) when it is not a run
+directory; `verify` returns the exit code (1 when it found a problem).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from polar_hpc.config import ConfigError
-from polar_hpc.shards.reader import rows
+from polar_hpc.shards import index
+from polar_hpc.shards.batch import Filter
+from polar_hpc.shards.decisions import Decisions
+from polar_hpc.shards.export import export as export_rows
+from polar_hpc.shards.follow import Follower
+from polar_hpc.shards.reader import iter_trajectories, rows, shard_files, verify
 
 COLUMNS = ("task_id", "sample_index", "status", "reward", "traces", "tokens")
 
 
-def show(run_dir: Path, json_lines: bool) -> None:
+def _check(run_dir: Path) -> None:
     if not (run_dir / "shards").is_dir():
         raise ConfigError(f"{run_dir}: not a run directory (no shards/ folder)")
+
+
+def cli_filter(status: list[str] | None, reward: str | None, weight_versions: str | None) -> Filter:
+    """A Filter from `--status` values and `LO:HI` ranges (ConfigError naming the option when bad)."""
+    return Filter(
+        status=frozenset(status) if status else None,
+        reward=_range("--reward", reward, float),
+        weight_versions=_range("--weight-versions", weight_versions, int),
+    )
+
+
+def _range(option: str, text: str | None, kind: type) -> tuple | None:
+    if text is None:
+        return None
+    low, sep, high = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError("no ':'")
+        return (kind(low) if low else None, kind(high) if high else None)
+    except ValueError:
+        raise ConfigError(f"{option} {text!r}: expected LO:HI ({kind.__name__}s, either end may be empty)") from None
+
+
+def show(run_dir: Path, json_lines: bool) -> None:
+    _check(run_dir)
     if json_lines:
         for row in rows(run_dir):
             sys.stdout.write(json.dumps({k: row[k] for k in COLUMNS}) + "\n")
@@ -26,3 +61,77 @@ def show(run_dir: Path, json_lines: bool) -> None:
     for row in rows(run_dir):
         table.add_row(*("" if row[k] is None else str(row[k]) for k in COLUMNS))
     Console().print(table)
+
+
+def ls(run_dir: Path, json_lines: bool) -> None:
+    """One row per sealed shard: its writer's index entry, or `indexed: false`."""
+    _check(run_dir)
+    shards = run_dir / "shards"
+    entries = {e["shard"]: e for w in index.writer_ids(shards) for _, e in index.read_entries(index.index_path(shards, w))}
+    listing = []
+    for path in shard_files(run_dir):
+        e = entries.get(path.name)
+        listing.append({
+            "shard": path.name,
+            "records": None if e is None else e["records"],
+            "bytes": path.stat().st_size,
+            "sealed": None if e is None else datetime.fromtimestamp(e["t"], timezone.utc).isoformat(timespec="seconds"),
+            "indexed": e is not None,
+        })
+    if json_lines:
+        for row in listing:
+            sys.stdout.write(json.dumps(row) + "\n")
+        return
+    table = Table("shard", "records", "MB", "sealed (UTC)", "indexed", title=f"{shards}")
+    for row in listing:
+        table.add_row(row["shard"], "?" if row["records"] is None else str(row["records"]),
+                      f"{row['bytes'] / 1e6:.2f}", row["sealed"] or "", "yes" if row["indexed"] else "no")
+    Console().print(table)
+
+
+def verify_run(run_dir: Path) -> int:
+    """Print every damaged shard and every journaled result no sealed shard holds; 0 if none."""
+    _check(run_dir)
+    problems = verify(run_dir)
+    decisions = Decisions(run_dir)
+    decisions.update()
+    present = {t.session_id for t in iter_trajectories(run_dir, unique=False)}
+    for (task, sample), (session, shard) in sorted(decisions.accepted.items()):
+        if session not in present:
+            problems.append(f"task {task!r} sample {sample}: session {session}, accepted by the journal, is in "
+                            f"no sealed shard (expected in {shard}; still open if its writer is running)")
+    for line in problems:
+        print(line)
+    n = len(shard_files(run_dir))
+    print(f"{'FAILED' if problems else 'ok'}: {n} shards, {len(present)} records, {len(problems)} problems",
+          file=sys.stderr)
+    return 1 if problems else 0
+
+
+def export(run_dir: Path, out: Path, fmt: str, keep: Filter) -> None:
+    _check(run_dir)
+    n = export_rows(run_dir, out, fmt, keep)
+    print(f"wrote {n} traces to {out}", file=sys.stderr)
+
+
+def follow(run_dir: Path, cursor: Path | None, keep: Filter, json_lines: bool, idle_timeout_s: float | None) -> int:
+    """Print each accepted trajectory as it is sealed, until the run is complete; the exit code
+    (130 when interrupted: rerun with the same cursor to continue)."""
+    if not run_dir.is_dir():
+        raise ConfigError(f"{run_dir}: no such run directory")
+    console = Console(stderr=True)
+    follower = Follower(run_dir, cursor=cursor, filter=keep, idle_timeout_s=idle_timeout_s)
+    code, end = 0, ""
+    try:
+        for traj in follower:
+            row = {"task_id": traj.task_id, "sample_index": traj.sample_index, "status": traj.status,
+                   "reward": traj.reward, "traces": len(traj.traces), "tokens": traj.n_tokens}
+            text = json.dumps(row) if json_lines else " ".join(f"{k}={'' if v is None else v}" for k, v in row.items())
+            print(text, flush=True)
+        end = "run complete" if follower.complete() else "stopped (idle)"
+    except KeyboardInterrupt:
+        code, end = 130, "interrupted"
+    s = follower.stats
+    console.print(f"{end}: {s['handed_out']} trajectories, {s['strays']} strays skipped, "
+                  f"{s['filtered']} filtered out, {s['problems']} damaged shards", highlight=False)
+    return code

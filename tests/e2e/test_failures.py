@@ -78,3 +78,11 @@ def test_ctrl_c_stops_every_process_and_keeps_what_was_captured(tmp_path: Path) 
     assert live_processes_matching(str(run_dir)) == [], "no polar-hpc process may outlive `run`"
     statuses = sorted(t.status for t in trajectories(run_dir))
     assert statuses == ["cancelled"] * 3, statuses
+
+
+def test_summary_names_the_first_error(tmp_path: Path) -> None:
+    tasks = write_jsonl(tmp_path / "t.jsonl", [_task("crash", "echo 'no module named foo' >&2; exit 5")])
+    result = polar("run", tasks, "--run-dir", tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    assert "1 written: 1 error" in result.stdout
+    assert "crash#0: harness exited with code 5: no module named foo" in " ".join(result.stdout.split())

@@ -27,7 +27,7 @@ def make_trajectory(
         call_indices=[0, 1],
     )
     return Trajectory(
-        session_id=f"{task}-{sample}-s",
+        session_id=f"{task}#{sample}.0",
         task_id=task,
         sample_index=sample,
         attempt=0,
@@ -39,3 +39,30 @@ def make_trajectory(
         t_end=1700000042.5,
     )
 
+
+
+def journal(run, *events: dict) -> None:
+    """Append orchestrator journal events (as polar_hpc.orchestrator.journal writes them)."""
+    import json
+
+    path = run / "journal" / "orchestrator.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+
+
+def queued(task: str, sample: int) -> dict:
+    return {"event": "queued", "session": f"{task}#{sample}.0", "task": task, "sample": sample}
+
+
+def result(traj: Trajectory, shard: str) -> dict:
+    return {"event": "result", "session": traj.session_id, "task": traj.task_id, "sample": traj.sample_index,
+            "attempt": traj.attempt, "status": traj.status, "reward": traj.reward, "shard": shard}
+
+
+def attempt(traj: Trajectory, n: int) -> Trajectory:
+    """The same key's trajectory as attempt `n` (its own session id)."""
+    import msgspec
+
+    return msgspec.structs.replace(traj, attempt=n, session_id=f"{traj.task_id}#{traj.sample_index}.{n}")

@@ -102,7 +102,7 @@ def test_summarize_rows_and_duplicates(tmp_path, make_traj):
     assert keys == [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("c", 0)]
     assert listed[4] == {
         "task_id": "c", "sample_index": 0, "status": "completed", "reward": 0.5,
-        "traces": 1, "tokens": 14, "session_id": "c-0-s",
+        "traces": 1, "tokens": 14, "session_id": "c#0.0",
     }
     assert len(list(iter_trajectories(tmp_path, unique=False))) == 6
 

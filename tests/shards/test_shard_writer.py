@@ -8,12 +8,18 @@ import textwrap
 import time
 from pathlib import Path
 
-from polar_hpc.shards import ShardWriter, iter_trajectories, verify
+import pytest
+
+from polar_hpc.shards import ShardWriter, index, iter_trajectories, verify
 from polar_hpc.shards.format import FRAME, frame, encode_trajectory
 
 
 def listing(path):
-    return sorted(p.name for p in path.iterdir())
+    return sorted(p.name for p in path.iterdir() if p.name != "index")
+
+
+def indexed(path, writer="gw"):
+    return [(e["shard"], e["records"]) for _, e in index.read_entries(index.index_path(path, writer))]
 
 
 def test_rollover_by_size(tmp_path, make_traj):
@@ -22,9 +28,11 @@ def test_rollover_by_size(tmp_path, make_traj):
     names = [w.append(make_traj("t", i)) for i in range(7)]
     # header + 3 records passes 3 * size: each shard holds three
     assert names == ["gw-000001.shard"] * 3 + ["gw-000002.shard"] * 3 + ["gw-000003.shard"]
+    w.wait()
     assert listing(tmp_path) == [".gw-000003.shard.tmp", "gw-000001.shard", "gw-000002.shard"]
     w.close()
     assert listing(tmp_path) == ["gw-000001.shard", "gw-000002.shard", "gw-000003.shard"]
+    assert indexed(tmp_path) == [("gw-000001.shard", 3), ("gw-000002.shard", 3), ("gw-000003.shard", 1)]
     assert [t.sample_index for t in iter_trajectories(tmp_path)] == list(range(7))
 
 
@@ -35,10 +43,12 @@ def test_rollover_by_age(tmp_path, make_traj):
     assert listing(tmp_path) == [".gw-000001.shard.tmp"]
     time.sleep(0.6)
     w.maybe_roll()
+    w.wait()
     assert listing(tmp_path) == ["gw-000001.shard"]
     assert w.append(make_traj("t", 1)) == "gw-000002.shard"
     time.sleep(0.6)
     assert w.append(make_traj("t", 2)) == "gw-000003.shard"  # the append itself rolled the old one
+    w.wait()
     assert "gw-000002.shard" in listing(tmp_path)
     w.close()
     w.close()  # idempotent
@@ -73,6 +83,7 @@ CHILD = textwrap.dedent(
 
     w = ShardWriter(Path(sys.argv[1]), "gw", max_bytes=int(sys.argv[3]), max_age_s=3600)
     names = [w.append(make_trajectory("t", i)) for i in range(8)]
+    w.wait()
     print(json.dumps(names), flush=True)
     time.sleep(60)
     """
@@ -110,6 +121,7 @@ def test_restarted_writer_salvages_dead_temp(tmp_path, make_traj, caplog):
         f.write(frame(encode_trajectory(make_traj("t", 99)))[: FRAME.size + 10])
     with ShardWriter(tmp_path, "gw", 1 << 20, 60) as w:
         assert listing(tmp_path) == ["gw-000001.shard", "gw-000002.shard", "gw-000003.shard"]
+        assert indexed(tmp_path) == [("gw-000001.shard", 3), ("gw-000002.shard", 3), ("gw-000003.shard", 2)]
         assert w.append(make_traj("t", 8)) == "gw-000004.shard"
     assert "dropping the 18 bytes" in caplog.text
     assert verify(tmp_path) == []
@@ -121,3 +133,27 @@ def test_restarted_writer_removes_empty_temp(tmp_path, make_traj):
     with ShardWriter(tmp_path, "gw", 1 << 20, 60) as w:
         assert listing(tmp_path) == []
         assert w.append(make_traj()) == "gw-000005.shard"
+
+
+def test_restarted_writer_indexes_what_the_index_lacks(tmp_path, make_traj):
+    """Killed between rename and index append, with a torn index line: the next writer repairs it."""
+    with ShardWriter(tmp_path, "gw", 1, 60) as w:  # one trajectory per shard
+        for i in range(3):
+            w.append(make_traj("t", i))
+    path = index.index_path(tmp_path, "gw")
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + lines[1][:7])
+    assert indexed(tmp_path) == [("gw-000001.shard", 1)]
+    with ShardWriter(tmp_path, "gw", 1, 60) as w:
+        w.append(make_traj("t", 3))
+    assert indexed(tmp_path) == [(f"gw-00000{i}.shard", 1) for i in range(1, 5)]
+
+
+def test_sealing_failure_is_raised_by_the_next_call(tmp_path, make_traj):
+    w = ShardWriter(tmp_path, "gw", 1, 60)
+    (tmp_path / "index").mkdir()
+    (tmp_path / "index" / "gw.jsonl").mkdir()  # the index cannot be appended to
+    w.append(make_traj("t", 0))
+    with pytest.raises(IsADirectoryError):
+        w.wait()
+    w.close()
