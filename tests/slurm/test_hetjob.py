@@ -55,6 +55,8 @@ def _check_exactly_once(run_dir: Path, n: int) -> None:
     written = {(t.session_id, t.status) for t in iter_trajectories(run_dir / "shards", unique=False)}
     for r in done:
         assert (r["session"], "completed") in written, r
+    read = [(t.task_id, t.sample_index, t.session_id, t.status) for t in iter_trajectories(run_dir)]
+    assert sorted(read) == sorted((r["task"], r["sample"], r["session"], "completed") for r in done)
 
 
 def test_calculator_hetjob(slurm, tmp_path: Path, calculator_dir: Path) -> None:
