@@ -5,7 +5,8 @@ script) starts the orchestrator on this node, then one `srun --het-group=0 --ove
 per GPU node and one `srun --het-group=1` gateway step per CPU node (CUDA_VISIBLE_DEVICES and
 GPU_DEVICE_ORDINAL removed from their environment). A step that exits is restarted after a backoff
 (1, 2, 4… s, at most `slurm.step_restarts` times); meanwhile the orchestrator requeues its
-sessions on the other gateways. When every session has ended it shuts the run down and returns 0.
+sessions on the other gateways. When every session has ended it shuts the run down and returns 0;
+when every engine step (or every gateway step) has used its restarts it stops the run and returns 1.
 
 Preemption and time limits: on SIGUSR2 (the job's `--signal`) it stops the orchestrator (which
 journals the sessions in flight as interrupted), stops the steps and asks Slurm to requeue the
@@ -75,6 +76,12 @@ def drive(run_dir: Path) -> int:
                 code = orchestrator.proc.returncode or 0
                 break
             _supervise(steps, topology.slurm.step_restarts)
+            for kind in ("engine", "gateway"):
+                if all(s.due == float("inf") for s in steps if s.name.startswith(kind)):
+                    print(f"every {kind} step failed {topology.slurm.step_restarts + 1} times: giving up", flush=True)
+                    code = 1
+            if code:
+                break
             if _finished(sock):
                 sock.send(wire.encode(wire.Shutdown(reason="all sessions ended")))
                 _wait(orchestrator.proc, 30)

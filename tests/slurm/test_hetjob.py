@@ -133,3 +133,23 @@ def test_cancel_stops_the_job_cleanly(slurm, tmp_path: Path, calculator_dir: Pat
     assert len(results(run_dir)) < 40  # stopped before the end
     status = wait_for("sacct to record the job", lambda: "COMPLETED" in (o := _polar(slurm, "status", job_id).stdout) and o, 30)
     assert "orchestrator not reachable" in status
+
+
+def test_failing_engine_step_is_restarted_then_the_job_stops(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    """`engine.kind: sglang` where SGLang is not installed: the engine step starts the real command
+    line, fails, is restarted a bounded number of times, and then the driver ends the job."""
+    topology = write_topology(tmp_path / "topology.yaml")
+    text = topology.read_text().replace("kind: scripted", "kind: sglang\n  model_path: /nonexistent/model")
+    topology.write_text(text.replace("slurm:\n", "slurm:\n  step_restarts: 1\n"))
+    out = _polar(slurm, "submit", "-c", topology, "--tasks", _calculator(tmp_path, calculator_dir, 2),
+                 "--run-dir", tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    job_id = re.search(r"submitted job (\d+)", out.stdout).group(1)
+    wait_for("the job to end", lambda: job_gone(slurm, job_id), 120)
+    run_dir = tmp_path / "run"
+    driver_log = next((run_dir / "slurm").glob("*_log.out")).read_text()
+    assert "engine-n0 exited with code 1; restart 1 in 1s" in driver_log, driver_log
+    assert "every engine step failed 2 times: giving up" in driver_log, driver_log
+    server_log = (run_dir / "logs" / "engine-n0-0.log").read_text()
+    assert "No module named 'sglang'" in server_log  # the SGLang command line was run on the GPU node
+    assert not results(run_dir)
