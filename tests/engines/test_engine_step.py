@@ -14,18 +14,13 @@ from pathlib import Path
 import zmq
 
 from polar_hpc import security, wire
-from tests.orchestrator.helpers import start_orchestrator
+from tests.orchestrator.helpers import next_message, start_orchestrator
 
 TASK = {"id": "t", "instruction": "hi", "num_samples": 1, "harness": {"command": "true"}}
 
 
 def _next(sock, kind, timeout_s=20.0):
-    deadline = time.monotonic() + timeout_s
-    while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-        msg = wire.decode(sock.recv())
-        if isinstance(msg, kind):
-            return msg
-    raise AssertionError(f"no {kind.__name__} within {timeout_s}s")
+    return next_message(sock, kind, timeout_s)
 
 
 def test_engine_step_registers_and_deregisters(tmp_path: Path) -> None:

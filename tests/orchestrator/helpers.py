@@ -1,4 +1,4 @@
-"""Start a real orchestrator process on a run directory for the orchestrator tests."""
+"""Start a real orchestrator process on a run directory, and read what it sends."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from polar_hpc import wire
 
 
 def start_orchestrator(run_dir: Path, topology: str, task: dict) -> tuple[subprocess.Popen, str]:
@@ -22,3 +24,13 @@ def start_orchestrator(run_dir: Path, topology: str, task: dict) -> tuple[subpro
         time.sleep(0.02)
     assert rendezvous.stat().st_mode & 0o777 == 0o600
     return proc, json.loads(rendezvous.read_text())["endpoint"]
+
+
+def next_message(sock, kind, timeout_s: float = 5.0):
+    """The next message of type `kind` on `sock`, skipping others (heartbeats)."""
+    deadline = time.monotonic() + timeout_s
+    while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+        msg = wire.decode(sock.recv())
+        if isinstance(msg, kind):
+            return msg
+    raise AssertionError(f"no {kind.__name__} within {timeout_s}s")

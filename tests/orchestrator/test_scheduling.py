@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from polar_hpc import wire
-from tests.orchestrator.helpers import start_orchestrator
+from tests.orchestrator.helpers import next_message, start_orchestrator
 
 TASK = {"id": "t", "instruction": "hi", "num_samples": 2, "harness": {"command": "true"}}
 
@@ -31,14 +31,7 @@ def _peer(ctx, endpoint):
     return sock
 
 
-def _next(sock, kind, timeout_s=5.0):
-    """The next message of type `kind`, skipping heartbeats."""
-    deadline = time.monotonic() + timeout_s
-    while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-        msg = wire.decode(sock.recv())
-        if isinstance(msg, kind):
-            return msg
-    raise AssertionError(f"no {kind.__name__} within {timeout_s}s")
+_next = next_message
 
 
 def test_silent_gateway_sessions_are_requeued_to_another(orchestrator) -> None:
