@@ -16,15 +16,17 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import jinja2
+from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
 
 from polar_hpc import security
-from polar_hpc.config import SlurmComponent, SlurmConfig, Topology
+from polar_hpc.config import ConfigError, SlurmComponent, SlurmConfig, Topology
 from polar_hpc.launch.driver import drive
 from polar_hpc.launch.rundir import prepare
 
@@ -128,10 +130,22 @@ def prepare_run(tasks_path: Path, topology_path: Path | None, run_dir: Path | No
 
 
 def submit(tasks_path: Path, topology_path: Path | None, run_dir: Path | None) -> tuple[str, Path]:
+    """Submit the run; a job Slurm refuses leaves no run directory behind (ConfigError)."""
+    if shutil.which("sbatch") is None:
+        raise ConfigError("submit: no `sbatch` here; run it on a Slurm login node (or --dry-run, or polar-hpc run)")
     run_dir, topology = prepare_run(tasks_path, topology_path, run_dir)
-    job = _executor(run_dir, topology).submit(drive, run_dir)
+    try:
+        job = _executor(run_dir, topology).submit(drive, run_dir)
+    except (FailedJobError, OSError) as e:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise ConfigError(f"{topology_path}: sbatch refused the job: {_last_line(str(e))}") from None
     record_job(job.job_id, run_dir)
     return job.job_id, run_dir
+
+
+def _last_line(message: str) -> str:
+    lines = [x.strip() for x in message.splitlines() if x.strip()]
+    return next((x for x in reversed(lines) if "error" in x.lower()), lines[-1] if lines else message)
 
 
 def record_job(job_id: str, run_dir: Path) -> None:

@@ -76,3 +76,11 @@ def test_status_and_cancel_of_an_unknown_run(tmp_path: Path) -> None:
     for command in ("status", "cancel"):
         out = polar(command, tmp_path / "nothing-here", env=dict(os.environ, POLAR_HPC_HOME=str(tmp_path)))
         assert out.returncode == 2 and "neither a run directory nor a job id submitted from here" in out.stderr, out
+
+
+def test_submit_without_slurm_says_so(calculator_dir: Path, tmp_path: Path) -> None:
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent))  # no sbatch on this PATH
+    out = polar("submit", "-c", HERE / "topology.yaml", "--tasks", calculator_dir / "task.yaml",
+                "--run-dir", tmp_path / "run", env=env)
+    assert out.returncode == 2 and "no `sbatch` here" in out.stderr, out
+    assert not (tmp_path / "run").exists()

@@ -153,3 +153,12 @@ def test_failing_engine_step_is_restarted_then_the_job_stops(slurm, tmp_path: Pa
     server_log = (run_dir / "logs" / "engine-n0-0.log").read_text()
     assert "No module named 'sglang'" in server_log  # the SGLang command line was run on the GPU node
     assert not results(run_dir)
+
+
+def test_a_job_slurm_refuses_is_a_clear_error(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    topology = write_topology(tmp_path / "topology.yaml")
+    topology.write_text(topology.read_text().replace("cpu: {nodes: 1, cpus: 2}", "cpu: {nodes: 1, cpus: 2, partition: nosuch}"))
+    out = _polar(slurm, "submit", "-c", topology, "--tasks", calculator_dir / "task.yaml", "--run-dir", tmp_path / "run")
+    assert out.returncode == 2, out
+    assert f"error: {topology}: sbatch refused the job:" in out.stderr and "Invalid partition" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()  # the same --run-dir works next time
