@@ -81,6 +81,7 @@ class Orchestrator:
         self.endpoint = f"tcp://{advertise or host}:{port}"
         self.gateways: dict[bytes, _Gateway] = {}
         self.engines: dict[bytes, wire.EngineHello] = {}
+        self.down: dict[tuple[str, str], wire.Member] = {}  # (kind, name) -> the member as last seen
         self.liveness = wire.Liveness(self.topology.gateway.peer_timeout_s)
         self.ended: deque[float] = deque()  # when sessions ended, for the rate
         self.stopping = asyncio.Event()
@@ -136,6 +137,7 @@ class Orchestrator:
             self.liveness.heard(identity)
         if isinstance(msg, wire.Hello):
             self.gateways[identity] = _Gateway(msg.gateway_id, msg.host)
+            self.down.pop(("gateway", msg.gateway_id), None)
             self.liveness.heard(identity)
             self.journal.write("gateway_up", gateway=msg.gateway_id, host=msg.host, slots=msg.slots)
             self._send(identity, self._engine_list())
@@ -151,6 +153,7 @@ class Orchestrator:
             self._result(msg)
         elif isinstance(msg, wire.EngineHello):
             self.engines[identity] = msg
+            self.down.pop(("engine", msg.engine_id), None)
             self.liveness.heard(identity)
             self.journal.write("engine_up", engine=msg.engine_id, url=msg.url, weight_version=msg.weight_version)
             self._relay_engines()
@@ -212,6 +215,7 @@ class Orchestrator:
         members = [wire.Member("engine", e.engine_id, e.host, True, 0, f"{e.url} weights {e.weight_version}")
                    for e in self.engines.values()]
         members += [wire.Member("gateway", g.gateway_id, g.host, True, len(g.sessions)) for g in self.gateways.values()]
+        members += list(self.down.values())
         return self.table.status(len(self.gateways), members, rate)
 
     async def _tick(self) -> None:
@@ -231,6 +235,8 @@ class Orchestrator:
         self.liveness.forget(identity)
         if engine is not None:
             log.warning("engine %s at %s is %s", engine.engine_id, engine.url, why)
+            self.down[("engine", engine.engine_id)] = wire.Member("engine", engine.engine_id, engine.host, False,
+                                                                  detail=why)
             self.journal.write("engine_down", engine=engine.engine_id, reason=why)
             self._relay_engines()
 
@@ -239,5 +245,6 @@ class Orchestrator:
         self.liveness.forget(identity)
         log.warning("gateway %s is silent; requeueing %d sessions", gw.gateway_id, len(gw.sessions))
         self.journal.write("gateway_lost", gateway=gw.gateway_id)
+        self.down[("gateway", gw.gateway_id)] = wire.Member("gateway", gw.gateway_id, gw.host, False, detail="silent")
         for sid in gw.sessions:
             self._requeue(sid)

@@ -29,6 +29,7 @@ def test_engine_step_registers_and_deregisters(tmp_path: Path) -> None:
     step = subprocess.Popen([sys.executable, "-m", "polar_hpc", "engine", "--kind", "scripted", "--run-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ctx = zmq.Context()
+    ctx.setsockopt(zmq.LINGER, 0)
     try:
         gw = ctx.socket(zmq.DEALER)
         security.secure_client(gw, tmp_path)
@@ -44,6 +45,9 @@ def test_engine_step_registers_and_deregisters(tmp_path: Path) -> None:
         assert step.wait(30) == 0, step.stdout.read()
         gw.send(wire.encode(wire.Heartbeat(sender="g", t=time.time())))
         assert _next(gw, wire.Engines, 10).urls == []  # deregistered at once, not after peer_timeout_s
+        gw.send(wire.encode(wire.StatusRequest()))
+        members = {(m.kind, m.up) for m in _next(gw, wire.StatusReply).members}
+        assert members == {("gateway", True), ("engine", False)}  # status shows it down
         try:
             urllib.request.urlopen(url + "/health", timeout=2)
             raise AssertionError("the engine server outlived its step")
