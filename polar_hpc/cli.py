@@ -61,18 +61,21 @@ def orchestrator(
     run_dir: Path = typer.Option(..., help="The run directory (holds topology.yaml and tasks.jsonl)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
+    advertise: Optional[str] = typer.Option(None, help="Host name peers connect to (default: --host)."),
 ) -> None:
     """Run the orchestrator of a run (started for you by `run` and `submit`)."""
     from polar_hpc.orchestrator.server import serve
 
-    raise typer.Exit(_guard(lambda: serve(run_dir, host, port)))
+    raise typer.Exit(_guard(lambda: serve(run_dir, host, port, advertise)))
 
 
 @app.command()
 def gateway(
     run_dir: Path = typer.Option(..., help="The run directory."),
     orchestrator: str = typer.Option(..., help="Orchestrator endpoint, e.g. tcp://host:port."),
-    engine_url: str = typer.Option(..., help="Engine base URL, e.g. http://host:port."),
+    engine_url: Optional[str] = typer.Option(
+        None, help="Engine base URL, e.g. http://host:port (default: the engines registered with the orchestrator)."
+    ),
     gateway_id: str = typer.Option(..., help="This gateway's name (its shards are named after it)."),
     tmp_dir: Optional[Path] = typer.Option(None, help="Node-local folder for session workspaces."),
 ) -> None:
@@ -107,6 +110,75 @@ def proxy(
         peer_timeout_s, unix_socket, mode, tokenizer, tool_parser, strict_model,
     )
     raise typer.Exit(_guard(lambda: serve(opts)))
+
+
+@app.command()
+def submit(
+    config: Path = typer.Option(..., "--config", "-c", help="topology.yaml (with a `slurm:` section)."),
+    tasks: Path = typer.Option(..., "--tasks", help="Task file: YAML (one or a list) or JSONL."),
+    run_dir: Optional[Path] = typer.Option(None, help="Run directory on the shared filesystem (default: ./runs/...)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script; submit nothing."),
+) -> None:
+    """Submit ONE Slurm heterogeneous job: GPU nodes run engines, CPU nodes run gateways."""
+    from polar_hpc.launch import slurm
+
+    def go() -> None:
+        if dry_run:
+            from polar_hpc.config import load_tasks, load_topology
+
+            load_tasks(tasks)
+            topology = load_topology(config)
+            target = (run_dir or Path(topology.run_dir or "runs/DRY-RUN")).resolve()
+            typer.echo(slurm.dry_run(topology, target), nl=False)
+            return
+        job_id, where = slurm.submit(tasks, config, run_dir)
+        typer.echo(f"submitted job {job_id}\nrun directory {where}\nfollow it: polar-hpc status {job_id}")
+
+    _guard(go)
+
+
+@app.command("sbatch")
+def sbatch_script(
+    config: Path = typer.Option(..., "--config", "-c", help="topology.yaml (with a `slurm:` section)."),
+    tasks: Path = typer.Option(..., "--tasks", help="Task file: YAML (one or a list) or JSONL."),
+    run_dir: Optional[Path] = typer.Option(None, help="Run directory on the shared filesystem (default: ./runs/...)."),
+) -> None:
+    """Prepare a run directory and print the same job as a plain sbatch script (submit it yourself)."""
+    from polar_hpc.launch import slurm
+
+    def go() -> None:
+        where, topology = slurm.prepare_run(tasks, config, run_dir)
+        typer.echo(slurm.render_sbatch(topology, where), nl=False)
+
+    _guard(go)
+
+
+@app.command()
+def status(target: str = typer.Argument(..., help="Run directory or Slurm job id.")) -> None:
+    """Slurm state, engines and gateways, sessions by state, throughput and ETA of a run."""
+    from rich.console import Console
+
+    from polar_hpc.launch.status import show
+
+    _guard(lambda: show(target, Console()))
+
+
+@app.command()
+def cancel(target: str = typer.Argument(..., help="Run directory or Slurm job id.")) -> None:
+    """Stop a run cleanly (what the gateways hold is written); scancel if it does not stop."""
+    from rich.console import Console
+
+    from polar_hpc.launch.status import cancel as cancel_run
+
+    _guard(lambda: cancel_run(target, Console()))
+
+
+@app.command(hidden=True)
+def driver(run_dir: Path = typer.Option(..., help="The run directory.")) -> None:
+    """The job's driver (run by the sbatch script in component 0's batch step)."""
+    from polar_hpc.launch.driver import drive
+
+    raise typer.Exit(_guard(lambda: drive(run_dir)))
 
 
 _RUN_DIR = typer.Argument(..., help="The run directory.")
@@ -192,7 +264,10 @@ def image_build(
 
 @app.command()
 def engine(
-    kind: str = typer.Option("scripted", help="Engine kind: 'scripted' (CPU test/demo engine)."),
+    kind: str = typer.Option("scripted", help="'scripted' (CPU test/demo engine) or 'sglang' (with --run-dir)."),
+    run_dir: Optional[Path] = typer.Option(
+        None, help="Engine step of a Slurm run: start the servers, register them with the orchestrator."
+    ),
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
     ready_file: Optional[Path] = typer.Option(None, help="Write {'url': ...} here once listening."),
@@ -206,8 +281,15 @@ def engine(
     """Run an inference engine that speaks SGLang's HTTP API."""
     from polar_hpc.engines import scripted
 
+    if run_dir is not None:
+        from polar_hpc.engines.step import main
+
+        _guard(lambda: main(kind, run_dir))
+        return
+    if kind == "sglang":
+        _fail("engine --kind sglang: needs --run-dir (it runs as the engine step of a Slurm run)")
     if kind != "scripted":
-        _fail(f"engine --kind: unknown kind {kind!r} (known here: scripted)")
+        _fail(f"engine --kind: unknown kind {kind!r} (known: scripted, sglang)")
     options = scripted.ScriptedOptions(
         host=host,
         port=port,

@@ -31,6 +31,11 @@ class _Model(BaseModel):
 class EngineConfig(_Model):
     kind: Literal["scripted", "sglang"] = "scripted"
     model: str = "polar-scripted"
+    model_path: str | None = None  # sglang: weights folder or hub id (default: `model`)
+    tp_size: int = Field(1, ge=1)  # sglang: GPUs per server; a GPU node runs gpus/tp_size servers
+    port: int = Field(30000, ge=1, le=65535)  # sglang: first server's port on its node
+    extra_args: list[str] = []  # sglang: appended to `python -m sglang.launch_server`
+    startup_timeout_s: float = Field(1800.0, gt=0)  # sglang: until /health answers
     script: str | None = None  # scripted engine: policy rules file
     token_delay_ms: float = Field(0.0, ge=0)
     weight_version: str = "v0"
@@ -80,12 +85,41 @@ class SandboxConfig(_Model):
     apptainer: ApptainerConfig = ApptainerConfig()
 
 
+class SlurmComponent(_Model):
+    """One component of the hetjob: `nodes` nodes with these resources each."""
+
+    nodes: int = Field(1, ge=1)
+    partition: str | None = None
+    cpus: int = Field(1, ge=1)  # --cpus-per-task (one task per node)
+    mem: str | None = None  # --mem, e.g. 64G
+    gpus: int = Field(0, ge=0)  # --gpus-per-node
+    gres: str | None = None  # --gres, e.g. gpu:a100:8 (instead of gpus)
+    constraint: str | None = None
+
+
+class SlurmConfig(_Model):
+    """The hetjob of `polar-hpc submit`: component 0 = GPU nodes (engines), 1 = CPU nodes (gateways)."""
+
+    gpu: SlurmComponent = SlurmComponent(gpus=1)
+    cpu: SlurmComponent = SlurmComponent(cpus=4)
+    account: str | None = None
+    qos: str | None = None
+    time: str = "4:00:00"  # --time, as sbatch takes it
+    job_name: str = "polar-hpc"
+    signal_s: int = Field(120, ge=10)  # SIGUSR2 this long before the time limit: journal and requeue
+    requeue: bool = True  # requeue the job on preemption / time limit
+    port: int = Field(0, ge=0, le=65535)  # orchestrator TCP port; 0 picks a free one
+    step_restarts: int = Field(3, ge=0)  # a failed engine/gateway step is restarted this many times
+    extra_sbatch: list[str] = []  # more job-wide sbatch flags, e.g. ["--mail-type=END"]
+
+
 class Topology(_Model):
     run_dir: str | None = None
     engine: EngineConfig = EngineConfig()
     gateway: GatewayConfig = GatewayConfig()
     proxy: ProxyConfig = ProxyConfig()
     sandbox: SandboxConfig = SandboxConfig()
+    slurm: SlurmConfig = SlurmConfig()
 
 
 # --- tasks ----------------------------------------------------------------------------------------

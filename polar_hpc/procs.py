@@ -1,6 +1,7 @@
 """Child processes of polar-hpc: start them with a log file, wait until they are ready, stop them.
 
-Every child runs `python -m polar_hpc ...` with this interpreter, in its own process group, and
+Every child runs `python -m polar_hpc ...` with this interpreter (or, with `spawn_command`, any
+command such as SGLang's server), in its own process group, and
 gets SIGTERM if its parent dies (PR_SET_PDEATHSIG), so no process outlives the one that started it.
 """
 
@@ -45,12 +46,18 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def spawn(name: str, args: list[str], log: Path) -> Child:
+def spawn(name: str, args: list[str], log: Path, env: dict[str, str] | None = None) -> Child:
     """Start `polar-hpc ARGS...` with stdout and stderr appended to `log`."""
+    return spawn_command(name, [sys.executable, "-m", "polar_hpc", *args], log, env)
+
+
+def spawn_command(name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> Child:
+    """Start any command the same way (own process group, dies with its parent, output to `log`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "polar_hpc", *args],
+            argv,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -5,10 +5,15 @@ shard records). Links:
 
 - gateway <-> orchestrator (ZeroMQ DEALER -> ROUTER, tcp or ipc): Hello, Heartbeat, Credit, Assign,
   SessionUpdate, Result, Cancel, Shutdown.
+- engine step -> orchestrator (DEALER -> ROUTER, tcp): EngineHello, Heartbeat, EngineBye; the
+  orchestrator relays the live engines to every gateway as Engines, which the gateway forwards to
+  its proxy (the URL list a proxy routes over).
 - client (CLI, launcher, trainer) -> orchestrator (DEALER -> ROUTER): StatusRequest -> StatusReply,
   Shutdown.
 - proxy <-> gateway (DEALER -> ROUTER over ipc): ProxyHello, OpenSession -> SessionOpened,
-  CloseSession -> SessionClosed, CallRecord, Heartbeat.
+  CloseSession -> SessionClosed, CallRecord, Heartbeat, Engines.
+
+TCP links of a Slurm run are CURVE-encrypted with the run's keys (`polar_hpc.security`).
 
 Both ends of a link send Heartbeat every `heartbeat_s`; `Liveness` tells when a peer has gone silent.
 """
@@ -93,11 +98,44 @@ class Cancel(Message):
     session_id: str
 
 
+# --- engine steps -> orchestrator, and engine membership -----------------------------------------
+
+
+class EngineHello(Message):
+    """An engine server answers /health at `url` (before /v1) with these weights."""
+
+    engine_id: str
+    url: str
+    weight_version: str
+    host: str
+
+
+class EngineBye(Message):
+    engine_id: str
+
+
+class Engines(Message):
+    """The engines that are up now (orchestrator -> gateway -> proxy); sent whenever it changes."""
+
+    urls: list[str]
+
+
 # --- clients -> orchestrator ----------------------------------------------------------------------
 
 
 class StatusRequest(Message):
     pass
+
+
+class Member(msgspec.Struct):
+    """An engine or gateway the orchestrator knows: `load` = sessions (gateway) in flight."""
+
+    kind: str  # engine | gateway
+    name: str
+    host: str
+    up: bool
+    load: int = 0
+    detail: str = ""  # engine: url and weight version
 
 
 class StatusReply(Message):
@@ -109,6 +147,9 @@ class StatusReply(Message):
     gateways: int
     mean_reward: float | None
     tokens: int
+    members: list[Member] = []
+    sessions_per_s: float = 0.0  # sessions ended per second over the last minute
+    eta_s: float | None = None
 
 
 # --- proxy <-> gateway ----------------------------------------------------------------------------
@@ -176,6 +217,9 @@ AnyMessage = Union[
     SessionUpdate,
     Result,
     Cancel,
+    EngineHello,
+    EngineBye,
+    Engines,
     StatusRequest,
     StatusReply,
     ProxyHello,

@@ -4,12 +4,16 @@ Starts its proxy as a child process (linked over ZeroMQ ipc), connects to the or
 (DEALER), announces itself, asks for work with credits and runs the sessions it is assigned through
 the pipeline, writing trajectories to its own shard writer. Heartbeats both links; exits when the
 orchestrator says Shutdown or goes silent (its sessions are then cancelled and written as such).
+Without `engine_url` (Slurm mode) it waits for the orchestrator's first non-empty Engines and
+starts its proxy on the first URL; every later Engines is forwarded to the proxy. The orchestrator
+link uses the run's CURVE keys when the run has them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
 import tempfile
@@ -21,7 +25,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from polar_hpc import procs, wire
+from polar_hpc import procs, security, wire
 from polar_hpc.config import Topology, load_topology
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
 from polar_hpc.sandbox import SandboxError, backend
@@ -34,7 +38,7 @@ log = logging.getLogger("polar_hpc.gateway")
 class GatewayOptions:
     run_dir: Path
     orchestrator: str
-    engine_url: str
+    engine_url: str | None
     gateway_id: str
     tmp_dir: Path | None = None
 
@@ -100,8 +104,12 @@ class _Gateway:
 
     async def run(self) -> int:
         opts, gw = self.opts, self.topology.gateway
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            asyncio.get_running_loop().add_signal_handler(sig, self.stopping.set)
+            loop.add_signal_handler(sig, self.stopping.set)
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal reaches every step: the driver acts on it
+            loop.add_signal_handler(sig, log.info, "signal %s: left to the driver", sig)
+        log.info("CUDA_VISIBLE_DEVICES=%s", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
         tmp_root = Path(tempfile.mkdtemp(prefix=f"polar-{opts.gateway_id}-", dir=opts.tmp_dir))
         try:
             make_sandbox, warning = backend(self.topology.sandbox, tmp_root.parent, (opts.run_dir.resolve(),))
@@ -114,24 +122,33 @@ class _Gateway:
         proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
         proxy_sock.bind(proxy_endpoint)
         self.proxy = ProxyChannel(proxy_sock, tmp_root / "proxy-http.sock")
-        proxy_proc = self._start_proxy(proxy_endpoint, self.proxy.socket)
         self.orch = self.ctx.socket(zmq.DEALER)
+        security.secure_client(self.orch, opts.run_dir)
         self.orch.connect(opts.orchestrator)
         self.writer = ShardWriter(opts.run_dir / "shards", opts.gateway_id, gw.shard_max_bytes, gw.shard_max_age_s)
         self.pipeline = Pipeline(gw.pools, make_sandbox, tmp_root, self.proxy, self.writer, self._to_orchestrator)
         self.liveness = wire.Liveness(gw.peer_timeout_s)
+        self.engines = asyncio.Event()
+        self.engine_urls = [opts.engine_url] if opts.engine_url else []
+        self.proxy_proc: procs.Child | None = None
         loops = [
             asyncio.create_task(self._recv(proxy_sock, self._from_proxy)),
             asyncio.create_task(self._recv(self.orch, self._from_orchestrator)),
         ]
         try:
-            await self._wait_for_proxy(proxy_proc)
             self._to_orchestrator(wire.Hello(gateway_id=opts.gateway_id, host=socket.gethostname(), slots=gw.pools.run))
-            self._to_orchestrator(wire.Credit(n=gw.pools.init))
             self.liveness.heard("orchestrator")
-            self.liveness.heard("proxy")
-            loops.append(asyncio.create_task(self._tick(proxy_proc)))
-            await self.stopping.wait()
+            loops.append(asyncio.create_task(self._tick()))
+            if not self.engine_urls:
+                log.info("waiting for an engine to register with the orchestrator")
+                await _first(self.engines.wait(), self.stopping.wait())
+            if not self.stopping.is_set():
+                self.proxy_proc = self._start_proxy(proxy_endpoint, self.engine_urls, self.proxy.socket)
+                await self._wait_for_proxy(self.proxy_proc)
+                self.proxy.send(wire.Engines(urls=self.engine_urls))
+                self.liveness.heard("proxy")
+                self._to_orchestrator(wire.Credit(n=gw.pools.init))
+                await self.stopping.wait()
         finally:
             await self.pipeline.drain()
             self.writer.close()
@@ -139,14 +156,16 @@ class _Gateway:
                 self.proxy.send(wire.Shutdown(reason="gateway stopping"))
             for t in loops:
                 t.cancel()
-            procs.stop([proxy_proc])
+            procs.stop([self.proxy_proc] if self.proxy_proc else [])
             self.ctx.destroy(linger=500)
         return self.exit_code
 
-    def _start_proxy(self, endpoint: str, http_socket: Path):
+    def _start_proxy(self, endpoint: str, engine_urls: list[str], http_socket: Path):
         opts, topo = self.opts, self.topology
         node = socket.gethostname()
-        args = ["proxy", "--gateway", endpoint, "--engine-url", opts.engine_url, "--port", str(topo.proxy.port)]
+        args = ["proxy", "--gateway", endpoint, "--port", str(topo.proxy.port)]
+        for url in engine_urls:
+            args += ["--engine-url", url]
         args += ["--model", topo.engine.model, "--proxy-id", f"{opts.gateway_id}-proxy"]
         args += ["--mode", topo.proxy.mode, "--tool-parser", topo.proxy.tool_parser]
         args += ["--tokenizer", topo.proxy.tokenizer] if topo.proxy.tokenizer else []
@@ -182,6 +201,12 @@ class _Gateway:
         self.liveness.heard("orchestrator")
         if isinstance(msg, wire.Assign):
             self.pipeline.assign(msg.session)
+        elif isinstance(msg, wire.Engines):
+            if msg.urls:
+                self.engine_urls = msg.urls
+                self.engines.set()
+            if self.proxy.identity is not None:
+                self.proxy.send(msg)
         elif isinstance(msg, wire.Cancel):
             self.pipeline.cancel(msg.session_id)
         elif isinstance(msg, wire.Shutdown):
@@ -191,16 +216,25 @@ class _Gateway:
     def _to_orchestrator(self, msg: wire.Message) -> None:
         self.orch.send(wire.encode(msg))
 
-    async def _tick(self, proxy_proc) -> None:
+    async def _tick(self) -> None:
         hb = self.topology.gateway.heartbeat_s
         while not self.stopping.is_set():
             beat = wire.Heartbeat(sender=self.opts.gateway_id, t=time.time())
             self._to_orchestrator(beat)
-            self.proxy.send(beat)
+            if self.proxy.identity is not None:
+                self.proxy.send(beat)
             self.writer.maybe_roll()
             lost = self.liveness.lost()
-            if lost or proxy_proc.proc.poll() is not None:
+            if lost or (self.proxy_proc is not None and self.proxy_proc.proc.poll() is not None):
                 log.error("lost contact with %s; stopping", ", ".join(lost) or "proxy (exited)")
                 self.exit_code = 1
                 self.stopping.set()
             await asyncio.sleep(hb)
+
+
+async def _first(*aws) -> None:
+    """Wait until the first of `aws` finishes; cancel the others."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for t in pending:
+        t.cancel()

@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 import zmq
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from polar_hpc import procs, wire
-from polar_hpc.config import ConfigError, Topology, load_tasks, load_topology
+from polar_hpc.config import ConfigError, Topology, load_topology
+from polar_hpc.launch.rundir import prepare
 from polar_hpc.launch.summary import print_summary
 
 STAGES = ("queued", "INIT", "READY", "RUN", "POSTRUN")
@@ -34,18 +34,14 @@ class LocalRun:
 
 
 def run_local(spec: LocalRun, console: Console) -> int:
-    tasks = load_tasks(spec.tasks_path)
-    topology = load_topology(spec.topology_path)
-    run_dir = _make_run_dir(spec, topology, tasks[0].id if len(tasks) == 1 else spec.tasks_path.stem)
-    (run_dir / "tasks.jsonl").write_text("".join(t.model_dump_json() + "\n" for t in tasks))
-    (run_dir / "topology.yaml").write_text(
-        yaml.safe_dump(topology.model_dump(mode="json") | {"run_dir": str(run_dir)}, sort_keys=False)
-    )
+    if load_topology(spec.topology_path).engine.kind != "scripted":
+        raise ConfigError(f"{spec.topology_path}: engine.kind: 'polar-hpc run' runs the scripted engine only")
+    run_dir, tasks, topology = prepare(spec.tasks_path, spec.topology_path, spec.run_dir)
     t0 = time.monotonic()
     children: list[procs.Child] = []
     interrupted = False
     try:
-        engine_url = _start_engine(run_dir, topology, spec.topology_path, children)
+        engine_url = _start_engine(run_dir, topology, children)
         endpoint = _start_orchestrator(run_dir, children)
         args = ["gateway", "--run-dir", str(run_dir), "--orchestrator", endpoint, "--engine-url", engine_url]
         children.append(procs.spawn("gateway", args + ["--gateway-id", "local0"], run_dir / "logs" / "gateway-local.log"))
@@ -59,29 +55,14 @@ def run_local(spec: LocalRun, console: Console) -> int:
     return 130 if interrupted else 0
 
 
-def _make_run_dir(spec: LocalRun, topology: Topology, name: str) -> Path:
-    chosen = spec.run_dir or (Path(topology.run_dir) if topology.run_dir else None)
-    run_dir = chosen or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
-    run_dir = run_dir.resolve()
-    if (run_dir / "tasks.jsonl").exists():
-        raise ConfigError(f"--run-dir {run_dir}: already holds a run; choose a new folder")
-    for sub in ("logs", "shards", "journal"):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    run_dir.chmod(0o700)
-    return run_dir
-
-
-def _start_engine(run_dir: Path, topology: Topology, topology_path: Path | None, children: list) -> str:
+def _start_engine(run_dir: Path, topology: Topology, children: list) -> str:
     engine = topology.engine
-    if engine.kind != "scripted":
-        raise ConfigError(f"{topology_path}: engine.kind: 'polar-hpc run' runs the scripted engine only")
     ready = run_dir / ".engine.ready"
     args = ["engine", "--kind", "scripted", "--port", "0", "--ready-file", str(ready)]
     args += ["--model-name", engine.model, "--weight-version", engine.weight_version]
     args += ["--token-delay-ms", str(engine.token_delay_ms), "--context-length", str(engine.context_length)]
     if engine.script:
-        base = topology_path.parent if topology_path else Path.cwd()
-        args += ["--script", str((base / engine.script).resolve())]
+        args += ["--script", str(Path(engine.script).resolve())]
     if engine.sample_log:
         args += ["--sample-log", str(run_dir / "logs" / "engine-samples.jsonl")]
     children.append(procs.spawn("engine", args, run_dir / "logs" / "engine-local.log"))

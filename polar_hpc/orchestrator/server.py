@@ -2,9 +2,15 @@
 
 It reads the run's tasks (`<run>/tasks.jsonl`), expands them into sessions, hands sessions to
 gateways that send credit, journals every state change, answers StatusRequest from clients, and
-requeues the sessions of a gateway that goes silent. Its endpoint is written to
-`<run>/rendezvous.json` (mode 0600, atomically) once it is bound. A client's Shutdown stops the
-gateways and then the orchestrator.
+requeues the sessions of a gateway that goes silent. Engine steps register (EngineHello) and
+heartbeat; the live engine URLs are relayed to every gateway (Engines). Its endpoint (and, in a
+Slurm run, its CURVE public key) is written to `<run>/rendezvous.json` (mode 0600, atomically)
+once it is bound; with `<run>/keys/` present every peer must hold the run's keys.
+
+When the journal already holds an earlier life of the run (a requeued job), it resumes: finished
+(task, sample) keys are not redone, the others run again as new attempts. On SIGTERM it marks the
+sessions in flight `interrupted` in the journal, stops the gateways and exits. A client's Shutdown
+stops the gateways and then the orchestrator.
 """
 
 from __future__ import annotations
@@ -15,16 +21,17 @@ import logging
 import os
 import signal
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
 import zmq.asyncio
 
-from polar_hpc import wire
+from polar_hpc import security, wire
 from polar_hpc.config import load_tasks, load_topology
-from polar_hpc.orchestrator.journal import Journal
-from polar_hpc.orchestrator.sessions import SessionTable
+from polar_hpc.orchestrator.journal import Journal, replay
+from polar_hpc.orchestrator.sessions import FINAL, SessionTable
 
 log = logging.getLogger("polar_hpc.orchestrator")
 
@@ -32,13 +39,18 @@ log = logging.getLogger("polar_hpc.orchestrator")
 @dataclass
 class _Gateway:
     gateway_id: str
+    host: str = ""
     credit: int = 0
     sessions: set[str] = field(default_factory=set)
 
 
-def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0) -> int:
+def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return asyncio.run(Orchestrator(run_dir, host, port).run())
+
+    async def main() -> int:  # built inside the loop: the CURVE authenticator runs on it
+        return await Orchestrator(run_dir, host, port, advertise).run()
+
+    return asyncio.run(main())
 
 
 def write_rendezvous(run_dir: Path, info: dict) -> None:
@@ -51,38 +63,55 @@ def write_rendezvous(run_dir: Path, info: dict) -> None:
 
 
 class Orchestrator:
-    def __init__(self, run_dir: Path, host: str, port: int) -> None:
+    def __init__(self, run_dir: Path, host: str, port: int, advertise: str | None = None) -> None:
         self.run_dir = run_dir
         self.topology = load_topology(run_dir / "topology.yaml")
-        self.table = SessionTable.from_tasks(load_tasks(run_dir / "tasks.jsonl"))
+        self.done, attempts = replay(run_dir)
+        self.resumed = bool(attempts)
+        self.table = SessionTable.from_tasks(load_tasks(run_dir / "tasks.jsonl"), self.done, attempts)
         self.journal = Journal(run_dir)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.auth = security.secure_server(self.ctx, self.sock, run_dir)
         if port == 0:
             port = self.sock.bind_to_random_port(f"tcp://{host}")
         else:
             self.sock.bind(f"tcp://{host}:{port}")
-        self.endpoint = f"tcp://{host}:{port}"
+        self.endpoint = f"tcp://{advertise or host}:{port}"
         self.gateways: dict[bytes, _Gateway] = {}
+        self.engines: dict[bytes, wire.EngineHello] = {}
+        self.down: dict[tuple[str, str], wire.Member] = {}  # (kind, name) -> the member as last seen
         self.liveness = wire.Liveness(self.topology.gateway.peer_timeout_s)
+        self.ended: deque[float] = deque()  # when sessions ended, for the rate
         self.stopping = asyncio.Event()
 
     async def run(self) -> int:
-        for s in self.table.sessions.values():
-            self.journal.write("queued", session=s.session_id, task=s.task.id, sample=s.sample_index)
-        write_rendezvous(self.run_dir, {"endpoint": self.endpoint, "pid": os.getpid()})
-        log.info("listening on %s with %d sessions", self.endpoint, len(self.table.sessions))
+        if self.resumed:
+            self.journal.write("resumed", done=len(self.done), restart=os.environ.get("SLURM_RESTART_COUNT"))
+        for s in self.table.queue:
+            self.journal.write("queued", session=s.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt)
+        info = {"endpoint": self.endpoint, "pid": os.getpid()}
+        if self.auth is not None:
+            info["curve_server_key"] = security.server_public_key(self.run_dir)
+        write_rendezvous(self.run_dir, info)
+        log.info("listening on %s with %d sessions (%d already done)", self.endpoint, len(self.table.sessions),
+                 len(self.done))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         tasks = [asyncio.create_task(self._recv()), asyncio.create_task(self._tick())]
         await self.stopping.wait()
-        for identity in list(self.gateways):
+        for s in self.table.sessions.values():
+            if s.state not in FINAL and s.state != "queued":
+                self.journal.write("interrupted", session=s.session_id, reason="orchestrator stopping")
+        for identity in list(self.gateways) + list(self.engines):
             self._send(identity, wire.Shutdown(reason="run finished"))
         for t in tasks:
             t.cancel()
         self.journal.close()
+        if self.auth is not None:
+            self.auth.stop()
         self.ctx.destroy(linger=1000)
         return 0
 
@@ -104,12 +133,14 @@ class Orchestrator:
 
     def _handle(self, identity: bytes, msg: wire.AnyMessage) -> None:
         gw = self.gateways.get(identity)
-        if gw is not None:
+        if gw is not None or identity in self.engines:
             self.liveness.heard(identity)
         if isinstance(msg, wire.Hello):
-            self.gateways[identity] = _Gateway(msg.gateway_id)
+            self.gateways[identity] = _Gateway(msg.gateway_id, msg.host)
+            self.down.pop(("gateway", msg.gateway_id), None)
             self.liveness.heard(identity)
             self.journal.write("gateway_up", gateway=msg.gateway_id, host=msg.host, slots=msg.slots)
+            self._send(identity, self._engine_list())
         elif isinstance(msg, wire.Credit) and gw is not None:
             gw.credit += msg.n
             self._dispatch(identity, gw)
@@ -119,17 +150,44 @@ class Orchestrator:
         elif isinstance(msg, wire.Result):
             if gw is not None:
                 gw.sessions.discard(msg.session_id)
-            s = self.table.finish(msg)
-            if s is not None:  # the first result of a (task, sample): the attempt that counts
-                self.journal.write(
-                    "result", session=msg.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt,
-                    status=msg.status, reward=msg.reward, shard=msg.shard,
-                )
+            self._result(msg)
+        elif isinstance(msg, wire.EngineHello):
+            self.engines[identity] = msg
+            self.down.pop(("engine", msg.engine_id), None)
+            self.liveness.heard(identity)
+            self.journal.write("engine_up", engine=msg.engine_id, url=msg.url, weight_version=msg.weight_version)
+            self._relay_engines()
+        elif isinstance(msg, wire.EngineBye):
+            self._lose_engine(identity, "deregistered")
         elif isinstance(msg, wire.StatusRequest):
-            self._send(identity, self.table.status(len(self.gateways)))
+            self._send(identity, self._status())
         elif isinstance(msg, wire.Shutdown):
             log.info("shutdown requested by a client: %s", msg.reason)
+            self.journal.write("shutdown", reason=msg.reason)
             self.stopping.set()
+
+    def _result(self, msg: wire.Result) -> None:
+        if msg.status == "cancelled":  # its gateway stopped under it: not the attempt that counts
+            self.journal.write("interrupted", session=msg.session_id, reason="gateway stopped", shard=msg.shard)
+            if not self.stopping.is_set() and self.table.sessions.get(msg.session_id) is not None:
+                self._requeue(msg.session_id)
+            return
+        s = self.table.finish(msg)
+        if s is not None:  # the first result of a (task, sample): the attempt that counts
+            self.ended.append(time.monotonic())
+            self.journal.write(
+                "result", session=msg.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt,
+                status=msg.status, reward=msg.reward, shard=msg.shard, n_tokens=msg.n_tokens,
+            )
+
+    def _requeue(self, session_id: str) -> None:
+        s = self.table.sessions.get(session_id)
+        if s is None or s.state in FINAL:
+            return
+        s = self.table.requeue(session_id)
+        self.journal.write("requeued", session=s.session_id, previous=session_id, attempt=s.attempt)
+        for other_id, other in self.gateways.items():
+            self._dispatch(other_id, other)
 
     def _dispatch(self, identity: bytes, gw: _Gateway) -> None:
         while gw.credit > 0:
@@ -141,22 +199,52 @@ class Orchestrator:
             self.journal.write("assigned", session=spec.session_id, gateway=gw.gateway_id, attempt=spec.attempt)
             self._send(identity, wire.Assign(session=spec))
 
+    def _engine_list(self) -> wire.Engines:
+        return wire.Engines(urls=sorted(e.url for e in self.engines.values()))
+
+    def _relay_engines(self) -> None:
+        engines = self._engine_list()
+        for identity in list(self.gateways):
+            self._send(identity, engines)
+
+    def _status(self) -> wire.StatusReply:
+        now = time.monotonic()
+        while self.ended and now - self.ended[0] > 60:
+            self.ended.popleft()
+        rate = len(self.ended) / 60 if self.ended else 0.0
+        members = [wire.Member("engine", e.engine_id, e.host, True, 0, f"{e.url} weights {e.weight_version}")
+                   for e in self.engines.values()]
+        members += [wire.Member("gateway", g.gateway_id, g.host, True, len(g.sessions)) for g in self.gateways.values()]
+        members += list(self.down.values())
+        return self.table.status(len(self.gateways), members, rate)
+
     async def _tick(self) -> None:
         while True:
             beat = wire.Heartbeat(sender="orchestrator", t=time.time())
-            for identity in list(self.gateways):
+            for identity in list(self.gateways) + list(self.engines):
                 self._send(identity, beat)
             for identity in self.liveness.lost():
-                self._lose(identity)
+                if identity in self.engines:
+                    self._lose_engine(identity, "silent")
+                else:
+                    self._lose(identity)
             await asyncio.sleep(self.topology.gateway.heartbeat_s)
+
+    def _lose_engine(self, identity: bytes, why: str) -> None:
+        engine = self.engines.pop(identity, None)
+        self.liveness.forget(identity)
+        if engine is not None:
+            log.warning("engine %s at %s is %s", engine.engine_id, engine.url, why)
+            self.down[("engine", engine.engine_id)] = wire.Member("engine", engine.engine_id, engine.host, False,
+                                                                  detail=why)
+            self.journal.write("engine_down", engine=engine.engine_id, reason=why)
+            self._relay_engines()
 
     def _lose(self, identity: bytes) -> None:
         gw = self.gateways.pop(identity)
         self.liveness.forget(identity)
         log.warning("gateway %s is silent; requeueing %d sessions", gw.gateway_id, len(gw.sessions))
         self.journal.write("gateway_lost", gateway=gw.gateway_id)
+        self.down[("gateway", gw.gateway_id)] = wire.Member("gateway", gw.gateway_id, gw.host, False, detail="silent")
         for sid in gw.sessions:
-            s = self.table.requeue(sid)
-            self.journal.write("requeued", session=s.session_id, previous=sid, attempt=s.attempt)
-        for other_id, other in self.gateways.items():
-            self._dispatch(other_id, other)
+            self._requeue(sid)

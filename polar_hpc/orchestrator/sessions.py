@@ -36,13 +36,24 @@ class SessionTable:
     queue: deque = field(default_factory=deque)
 
     @classmethod
-    def from_tasks(cls, tasks: list[Task]) -> "SessionTable":
+    def from_tasks(cls, tasks: list[Task], done: dict | None = None, attempts: dict | None = None) -> "SessionTable":
+        """Every (task, sample), queued; on resume, `done` maps finished keys to their journaled
+        result event (not redone) and the others start at the attempt after `attempts[key]`."""
         table = cls()
+        done, attempts = done or {}, attempts or {}
         for task in tasks:
             for i in range(task.num_samples):
-                s = Session(task, i)
+                key = (task.id, i)
+                s = Session(task, i, attempts[key] + 1 if key in attempts else 0)
+                if key in done:
+                    s = Session(task, i, done[key]["attempt"], done[key]["status"])
+                    s.result = wire.Result(
+                        session_id=s.session_id, status=s.state, reward=done[key].get("reward"), n_calls=0,
+                        n_traces=0, n_tokens=done[key].get("n_tokens", 0), shard=done[key].get("shard", ""),
+                    )
+                else:
+                    table.queue.append(s)
                 table.sessions[s.session_id] = s
-                table.queue.append(s)
         return table
 
     def take(self, gateway: bytes) -> wire.SessionSpec | None:
@@ -80,8 +91,9 @@ class SessionTable:
         self.queue.appendleft(s)
         return s
 
-    def status(self, gateways: int) -> wire.StatusReply:
+    def status(self, gateways: int, members: list | None = None, rate: float = 0.0) -> wire.StatusReply:
         states = Counter(s.state for s in self.sessions.values())
+        left = sum(n for state, n in states.items() if state not in FINAL)
         rewards = [s.result.reward for s in self.sessions.values() if s.result and s.result.reward is not None]
         return wire.StatusReply(
             states=dict(states),
@@ -90,4 +102,7 @@ class SessionTable:
             gateways=gateways,
             mean_reward=sum(rewards) / len(rewards) if rewards else None,
             tokens=sum(s.result.n_tokens for s in self.sessions.values() if s.result),
+            members=members or [],
+            sessions_per_s=rate,
+            eta_s=left / rate if rate > 0 else None,
         )

@@ -7,6 +7,8 @@ returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError befo
 - Once listening it writes `{"url": "http://HOST:PORT"}` to `ready_file` (tmp + os.replace).
 - Gateway link (`gateway_link`): ProxyHello first, Heartbeat every `heartbeat_s`, one CallRecord
   per answered call and SessionClosed after CloseSession, in order.
+- Engines (the live engine URLs, relayed by the gateway from the orchestrator) replaces the
+  router's membership.
 - Sessions: OpenSession makes calls bearing the token as their API key belong to a session.
   CloseSession revokes the token (later calls get 401), cancels the session's in-flight calls
   (engine requests aborted, no record sent, the harness gets 401), then answers
@@ -123,6 +125,9 @@ class _Proxy:
                 self.link.send(wire.SessionOpened(session_id=message.session_id))
             elif isinstance(message, wire.CloseSession):
                 await self._close(message.session_id)
+            elif isinstance(message, wire.Engines):
+                log.info("engines now: %s", ", ".join(message.urls) or "none")
+                self.router.set_engines(message.urls)
             elif isinstance(message, wire.Shutdown):
                 log.info("gateway asked to shut down: %s", message.reason)
                 return

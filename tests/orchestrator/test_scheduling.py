@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,24 +10,16 @@ import pytest
 import zmq
 
 from polar_hpc import wire
+from tests.orchestrator.helpers import next_message, start_orchestrator
 
 TASK = {"id": "t", "instruction": "hi", "num_samples": 2, "harness": {"command": "true"}}
 
 
 @pytest.fixture
 def orchestrator(tmp_path: Path):
-    (tmp_path / "topology.yaml").write_text("gateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 1.0\n")
-    (tmp_path / "tasks.jsonl").write_text(json.dumps(TASK) + "\n")
-    proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "orchestrator", "--run-dir", str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    rendezvous = tmp_path / "rendezvous.json"
-    deadline = time.monotonic() + 30
-    while not rendezvous.exists():
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
-        time.sleep(0.02)
-    assert rendezvous.stat().st_mode & 0o777 == 0o600
+    proc, endpoint = start_orchestrator(tmp_path, "gateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 1.0\n", TASK)
     ctx = zmq.Context()
-    yield tmp_path, json.loads(rendezvous.read_text())["endpoint"], ctx, proc
+    yield tmp_path, endpoint, ctx, proc
     proc.kill()
     proc.wait()
     ctx.destroy(linger=0)
@@ -41,14 +31,7 @@ def _peer(ctx, endpoint):
     return sock
 
 
-def _next(sock, kind, timeout_s=5.0):
-    """The next message of type `kind`, skipping heartbeats."""
-    deadline = time.monotonic() + timeout_s
-    while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-        msg = wire.decode(sock.recv())
-        if isinstance(msg, kind):
-            return msg
-    raise AssertionError(f"no {kind.__name__} within {timeout_s}s")
+_next = next_message
 
 
 def test_silent_gateway_sessions_are_requeued_to_another(orchestrator) -> None:

@@ -1,0 +1,140 @@
+"""The engine step of a Slurm run (`polar-hpc engine --kind KIND --run-dir RUN`), one per GPU node.
+
+It starts the node's engine servers (SGLang: one per `tp_size` GPUs; scripted: one, on the CPU),
+waits until each answers GET /health, registers each URL and weight version with the orchestrator
+found through `<run>/rendezvous.json` (EngineHello, over CURVE with the run's keys), heartbeats,
+and on Shutdown from the orchestrator or SIGTERM/SIGINT deregisters (EngineBye) and stops the
+servers (SIGUSR1/SIGUSR2 are trapped and left to the driver). A server that
+exits takes the step down with code 1 (the driver restarts the step).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import zmq
+
+from polar_hpc import procs, security, wire
+from polar_hpc.config import ConfigError, Topology, load_topology
+from polar_hpc.engines import sglang
+
+
+def run_step(kind: str, run_dir: Path) -> int:
+    if kind not in ("scripted", "sglang"):
+        raise ConfigError(f"engine --kind: unknown kind {kind!r} (known: scripted, sglang)")
+    topology = load_topology(run_dir / "topology.yaml")
+    host = socket.gethostname()
+    node = os.environ.get("SLURMD_NODENAME", host)
+    print(f"engine step on {node}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}", flush=True)
+    servers = _start_servers(kind, topology, run_dir, node)
+    stopping: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal may reach every step: the driver acts on it
+        signal.signal(sig, lambda signum, _frame: print(f"signal {signum}: left to the driver", flush=True))
+    sock = None
+    try:
+        urls = [_wait_healthy(child, port, host, topology, stopping) for child, port in servers]
+        sock = _connect(run_dir, stopping)
+        if sock is None:
+            return 0
+        for i, url in enumerate(urls):
+            hello = wire.EngineHello(engine_id=f"{node}-{i}", url=url, weight_version=topology.engine.weight_version,
+                                     host=host)
+            sock.send(wire.encode(hello))
+        print(f"registered {', '.join(urls)}", flush=True)
+        while not stopping:
+            for child, _ in servers:
+                if child.proc.poll() is not None:
+                    print(f"{child.name} exited with code {child.proc.returncode}:\n{child.tail()}", flush=True)
+                    return 1
+            sock.send(wire.encode(wire.Heartbeat(sender=node, t=time.time())))
+            if sock.poll(int(topology.gateway.heartbeat_s * 1000)) and _shutdown(sock):
+                break
+        return 0
+    finally:
+        if sock is not None:
+            for i in range(len(servers)):
+                sock.send(wire.encode(wire.EngineBye(engine_id=f"{node}-{i}")))
+            sock.close(linger=1000)
+        procs.stop([child for child, _ in servers], grace_s=10.0)
+
+
+def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str) -> list[tuple[procs.Child, int]]:
+    engine, logs = topology.engine, run_dir / "logs"
+    if kind == "scripted":
+        port = _free_port()
+        args = ["engine", "--kind", "scripted", "--host", "0.0.0.0", "--port", str(port)]
+        args += ["--model-name", engine.model, "--weight-version", engine.weight_version]
+        args += ["--token-delay-ms", str(engine.token_delay_ms)]
+        if engine.script:
+            args += ["--script", engine.script]
+        return [(procs.spawn(f"engine-{node}", args, logs / f"engine-{node}.log"), port)]
+    servers = []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    for i, devices in enumerate(sglang.split_devices(visible, topology.slurm.gpu.gpus, engine.tp_size)):
+        env = dict(os.environ)
+        if devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = devices
+        port = engine.port + i
+        argv = sglang.command(engine, "0.0.0.0", port)
+        servers.append((procs.spawn_command(f"sglang-{node}-{i}", argv, logs / f"engine-{node}-{i}.log", env), port))
+    return servers
+
+
+def _shutdown(sock: zmq.Socket) -> bool:
+    """Read what the orchestrator sent (heartbeats); True on Shutdown."""
+    while sock.poll(0):
+        if isinstance(wire.decode(sock.recv()), wire.Shutdown):
+            return True
+    return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(child: procs.Child, port: int, host: str, topology: Topology, stopping: list) -> str:
+    deadline = time.monotonic() + topology.engine.startup_timeout_s
+    while not stopping:
+        child.check()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return f"http://{host}:{port}"
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise procs.ChildFailed(f"{child.name}: no /health after {topology.engine.startup_timeout_s:.0f}s")
+        time.sleep(0.5)
+    return ""
+
+
+def _connect(run_dir: Path, stopping: list) -> zmq.Socket | None:
+    path = run_dir / "rendezvous.json"
+    while not path.exists() and not stopping:
+        time.sleep(0.2)
+    if stopping:
+        return None
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    security.secure_client(sock, run_dir)
+    sock.connect(json.loads(path.read_text())["endpoint"])
+    return sock
+
+
+def main(kind: str, run_dir: Path) -> None:
+    try:
+        code = run_step(kind, run_dir)
+    except procs.ChildFailed as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        code = 1
+    raise SystemExit(code)

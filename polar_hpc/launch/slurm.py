@@ -1,0 +1,168 @@
+"""`polar-hpc submit` / `sbatch`: one Slurm heterogeneous job per run, through submitit.
+
+Component 0 = `slurm.gpu` nodes (engine steps), component 1 = `slurm.cpu` nodes (gateway steps);
+the driver (`launch/driver.py`) runs in component 0's batch step. `HetSlurmExecutor` is a
+submitit `SlurmExecutor` that writes the `#SBATCH hetjob` block after component 0's options and
+`exec`s the driver so the batch shell *is* the driver (the `B:USR2@signal_s` signal reaches it);
+`HetSlurmJob` maps sacct's `ID+0` row to `ID` (stock submitit would read a hetjob's state as
+UNKNOWN forever). `render_sbatch` gives the same job as a plain sbatch script (slurm/ template)
+for teams that submit by hand. `submit` prepares the run directory (0700) with per-run CURVE keys,
+submits, records `<run>/job.json` and an index entry so `status JOBID` finds the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jinja2
+from submitit.core.utils import FailedJobError
+from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
+
+from polar_hpc import security
+from polar_hpc.config import ConfigError, SlurmComponent, SlurmConfig, Topology
+from polar_hpc.launch.driver import drive
+from polar_hpc.launch.rundir import prepare
+
+TEMPLATES = Path(__file__).resolve().parent.parent.parent / "slurm"
+JOB_INDEX = Path(os.environ.get("POLAR_HPC_HOME", Path.home() / ".polar-hpc")) / "jobs"
+
+
+class HetInfoWatcher(SlurmInfoWatcher):
+    """sacct lists a hetjob as `ID+0`, `ID+1`: the job's state is its leader's."""
+
+    def read_info(self, string: bytes | str) -> dict:
+        info = super().read_info(string)
+        for job_id in [k for k in info if k.endswith("+0")]:
+            info.setdefault(job_id[:-2], info[job_id])
+        return info
+
+
+class HetSlurmJob(SlurmJob):
+    watcher = HetInfoWatcher(delay_s=60)
+
+
+class HetSlurmExecutor(SlurmExecutor):
+    job_class = HetSlurmJob
+
+    def __init__(self, folder: Path, later_components: list[dict]) -> None:
+        super().__init__(folder=folder)
+        self.later_components = later_components
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        lines = super()._make_submission_file_text(command, uid).split("\n")
+        last = max(i for i, line in enumerate(lines) if line.startswith("#SBATCH"))
+        extra = []
+        for flags in self.later_components:
+            extra += ["#SBATCH hetjob", *sbatch_lines(flags)]
+        lines = lines[: last + 1] + extra + lines[last + 1 :]
+        return "\n".join(f"exec {line}" if line == command else line for line in lines)
+
+
+def component_flags(comp: SlurmComponent, slurm: SlurmConfig, job_wide: bool) -> dict[str, str | bool]:
+    flags: dict[str, str | bool] = {"nodes": str(comp.nodes), "ntasks_per_node": "1", "cpus_per_task": str(comp.cpus)}
+    for key, value in (("partition", comp.partition), ("mem", comp.mem), ("gres", comp.gres),
+                       ("constraint", comp.constraint), ("account", slurm.account), ("qos", slurm.qos)):
+        if value:
+            flags[key] = value
+    if comp.gpus and not comp.gres:
+        flags["gpus_per_node"] = str(comp.gpus)
+    flags["time"] = slurm.time
+    flags["job_name"] = slurm.job_name
+    if job_wide:
+        flags["signal"] = f"B:USR2@{slurm.signal_s}"
+        flags["requeue" if slurm.requeue else "no_requeue"] = True
+    return flags
+
+
+def sbatch_lines(flags: dict[str, str | bool]) -> list[str]:
+    """`#SBATCH --key=value` lines, sorted, keys with dashes (as submitit writes them)."""
+    lines = []
+    for key, value in sorted(flags.items()):
+        key = key.replace("_", "-")
+        lines.append(f"#SBATCH --{key}" if value is True else f"#SBATCH --{key}={value}")
+    return lines
+
+
+def _executor(run_dir: Path, topology: Topology) -> HetSlurmExecutor:
+    slurm = topology.slurm
+    ex = HetSlurmExecutor(run_dir / "slurm", [component_flags(slurm.cpu, slurm, False)])
+    flags0 = component_flags(slurm.gpu, slurm, True)
+    job_name = flags0.pop("job_name")
+    ex.update_parameters(use_srun=False, stderr_to_stdout=True, job_name=job_name, wckey=None,
+                         additional_parameters=flags0)  # no wckey: submitit's default fails where wckeys are enforced
+    if slurm.extra_sbatch:
+        ex.update_parameters(setup=[f"#SBATCH {x}" for x in slurm.extra_sbatch])
+    return ex
+
+
+def dry_run(topology: Topology, run_dir: Path) -> str:
+    """The sbatch script `submit` would hand to Slurm (nothing is written)."""
+    ex = _executor(run_dir, topology)
+    return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
+
+
+def render_sbatch(topology: Topology, run_dir: Path) -> str:
+    """The same job as a self-contained sbatch script (template `slurm/hetjob.sbatch.j2`)."""
+    slurm = topology.slurm
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    return env.get_template("hetjob.sbatch.j2").render(
+        components=[sbatch_lines(component_flags(slurm.gpu, slurm, True)),
+                    sbatch_lines(component_flags(slurm.cpu, slurm, False))],
+        extra=slurm.extra_sbatch,
+        output=str(run_dir / "logs" / "slurm-%j.out"),
+        python=shlex.quote(sys.executable),
+        run_dir=shlex.quote(str(run_dir)),
+    )
+
+
+def prepare_run(tasks_path: Path, topology_path: Path | None, run_dir: Path | None) -> tuple[Path, Topology]:
+    run_dir, _, topology = prepare(tasks_path, topology_path, run_dir)
+    security.create_keys(run_dir)
+    return run_dir, topology
+
+
+def submit(tasks_path: Path, topology_path: Path | None, run_dir: Path | None) -> tuple[str, Path]:
+    """Submit the run; a job Slurm refuses leaves no run directory behind (ConfigError)."""
+    if shutil.which("sbatch") is None:
+        raise ConfigError("submit: no `sbatch` here; run it on a Slurm login node (or --dry-run, or polar-hpc run)")
+    run_dir, topology = prepare_run(tasks_path, topology_path, run_dir)
+    try:
+        job = _executor(run_dir, topology).submit(drive, run_dir)
+    except (FailedJobError, OSError) as e:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise ConfigError(f"{topology_path}: sbatch refused the job: {_last_line(str(e))}") from None
+    record_job(job.job_id, run_dir)
+    return job.job_id, run_dir
+
+
+def _last_line(message: str) -> str:
+    lines = [x.strip() for x in message.splitlines() if x.strip()]
+    return next((x for x in reversed(lines) if "error" in x.lower()), lines[-1] if lines else message)
+
+
+def record_job(job_id: str, run_dir: Path) -> None:
+    (run_dir / "job.json").write_text(json.dumps({"job_id": job_id}))
+    JOB_INDEX.mkdir(parents=True, exist_ok=True)
+    (JOB_INDEX / job_id).write_text(str(run_dir))
+
+
+def job_state(job_id: str) -> str:
+    """Slurm's state of the job (its leader's, for a hetjob), e.g. RUNNING, COMPLETED: squeue for a
+    job in the queue, else sacct through the hetjob-aware watcher."""
+    queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
+    if queued.returncode == 0 and queued.stdout.split():
+        return queued.stdout.split()[0]
+    logger = logging.getLogger("submitit")
+    level, logger.level = logger.level, logging.ERROR  # submitit warns on every failed sacct call
+    try:
+        return HetSlurmJob.watcher.get_state(job_id, mode="force")
+    finally:
+        logger.setLevel(level)

@@ -1,0 +1,60 @@
+"""The engine step (`polar-hpc engine --kind scripted --run-dir RUN`) outside Slurm: it registers
+its server with the orchestrator over CURVE, the orchestrator relays it to gateways, and it
+deregisters when stopped."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import zmq
+
+from polar_hpc import security, wire
+from tests.orchestrator.helpers import next_message, start_orchestrator
+
+TASK = {"id": "t", "instruction": "hi", "num_samples": 1, "harness": {"command": "true"}}
+
+
+def _next(sock, kind, timeout_s=20.0):
+    return next_message(sock, kind, timeout_s)
+
+
+def test_engine_step_registers_and_deregisters(tmp_path: Path) -> None:
+    security.create_keys(tmp_path)
+    orch, endpoint = start_orchestrator(tmp_path, "gateway:\n  heartbeat_s: 0.2\n  peer_timeout_s: 5\n", TASK)
+    step = subprocess.Popen([sys.executable, "-m", "polar_hpc", "engine", "--kind", "scripted", "--run-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.LINGER, 0)
+    try:
+        gw = ctx.socket(zmq.DEALER)
+        security.secure_client(gw, tmp_path)
+        gw.connect(endpoint)
+        gw.send(wire.encode(wire.Hello(gateway_id="g", host="h", slots=1)))
+        engines = _next(gw, wire.Engines)
+        while not engines.urls:
+            engines = _next(gw, wire.Engines)
+        (url,) = engines.urls
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:  # the URL serves the engine
+            assert r.status == 200
+        step.send_signal(signal.SIGTERM)
+        assert step.wait(30) == 0, step.stdout.read()
+        gw.send(wire.encode(wire.Heartbeat(sender="g", t=time.time())))
+        assert _next(gw, wire.Engines, 10).urls == []  # deregistered at once, not after peer_timeout_s
+        gw.send(wire.encode(wire.StatusRequest()))
+        members = {(m.kind, m.up) for m in _next(gw, wire.StatusReply).members}
+        assert members == {("gateway", True), ("engine", False)}  # status shows it down
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            raise AssertionError("the engine server outlived its step")
+        except OSError:
+            pass
+    finally:
+        step.kill()
+        orch.kill()
+        orch.wait()
+        ctx.destroy(linger=0)

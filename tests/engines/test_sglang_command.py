@@ -1,0 +1,24 @@
+"""The SGLang server command line and how a node's GPUs split into servers."""
+
+from __future__ import annotations
+
+from polar_hpc.config import EngineConfig
+from polar_hpc.engines import sglang
+
+
+def test_command_line() -> None:
+    engine = EngineConfig(kind="sglang", model="qwen3-8b", model_path="/models/Qwen3-8B", tp_size=4,
+                          extra_args=["--mem-fraction-static", "0.8", "--tp-size", "2"])
+    assert sglang.command(engine, "0.0.0.0", 30001, python="/venv/bin/python") == [
+        "/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/Qwen3-8B",
+        "--served-model-name", "qwen3-8b", "--host", "0.0.0.0", "--port", "30001", "--tp-size", "4",
+        "--mem-fraction-static", "0.8", "--tp-size", "2",  # the user's args come last: they win
+    ]
+    assert sglang.command(EngineConfig(kind="sglang", model="org/m"), "h", 1)[4] == "org/m"
+
+
+def test_gpus_split_into_servers_of_tp_size() -> None:
+    assert sglang.split_devices("0,1,2,3,4,5,6,7", 8, 4) == ["0,1,2,3", "4,5,6,7"]
+    assert sglang.split_devices("3,5", 2, 1) == ["3", "5"]
+    assert sglang.split_devices(None, 2, 2) == ["0,1"]  # no variable: the node's GPUs by count
+    assert sglang.split_devices("0", 1, 8) == ["0"]  # fewer GPUs than tp_size: one server, as given

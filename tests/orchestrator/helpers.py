@@ -1,0 +1,36 @@
+"""Start a real orchestrator process on a run directory, and read what it sends."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from polar_hpc import wire
+
+
+def start_orchestrator(run_dir: Path, topology: str, task: dict) -> tuple[subprocess.Popen, str]:
+    """Write the run's topology and one task, start `polar-hpc orchestrator`, return it and its endpoint."""
+    (run_dir / "topology.yaml").write_text(topology)
+    (run_dir / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "orchestrator", "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    rendezvous = run_dir / "rendezvous.json"
+    deadline = time.monotonic() + 30
+    while not rendezvous.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+        time.sleep(0.02)
+    assert rendezvous.stat().st_mode & 0o777 == 0o600
+    return proc, json.loads(rendezvous.read_text())["endpoint"]
+
+
+def next_message(sock, kind, timeout_s: float = 5.0):
+    """The next message of type `kind` on `sock`, skipping others (heartbeats)."""
+    deadline = time.monotonic() + timeout_s
+    while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+        msg = wire.decode(sock.recv())
+        if isinstance(msg, kind):
+            return msg
+    raise AssertionError(f"no {kind.__name__} within {timeout_s}s")

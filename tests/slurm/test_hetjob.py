@@ -1,0 +1,164 @@
+"""`polar-hpc submit` on a real Slurm: the calculator as one hetjob; requeue; a killed gateway step."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from polar_hpc.shards.reader import iter_trajectories
+from tests.e2e.helpers import live_processes_matching
+from tests.slurm.conftest import job_gone, journal, results, wait_for, write_topology
+
+
+def _polar(env: dict, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "polar_hpc", *map(str, args)], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def _submit(env: dict, tmp_path: Path, tasks: Path, **engine) -> tuple[str, Path]:
+    run_dir = tmp_path / "run"
+    out = _polar(env, "submit", "-c", write_topology(tmp_path / "topology.yaml", **engine), "--tasks", tasks,
+                 "--run-dir", run_dir)
+    assert out.returncode == 0, out.stderr
+    job_id = re.search(r"submitted job (\d+)", out.stdout).group(1)
+    assert str(run_dir) in out.stdout
+    return job_id, run_dir
+
+
+def _calculator(tmp_path: Path, calculator_dir: Path, n: int) -> Path:
+    """The calculator example with `n` samples (its agent named by absolute path)."""
+    text = (calculator_dir / "task.yaml").read_text().replace("num_samples: 8", f"num_samples: {n}")
+    text = text.replace("agent.py: agent.py", f"agent.py: {calculator_dir / 'agent.py'}")
+    path = tmp_path / "task.yaml"
+    path.write_text(text)
+    return path
+
+
+def _nudge(env: dict, job_id: str) -> None:
+    """An idle lab cluster's backfill pass skips a cycle when no job or node changed since the last
+    one, so a requeued hetjob can wait minutes after its BeginTime; touching the job wakes it."""
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "Comment=requeued"], env=env, capture_output=True)
+
+
+def _check_exactly_once(run_dir: Path, n: int) -> None:
+    """Every (task, sample) has one journaled result, completed, whose trajectory is in its shard."""
+    done = results(run_dir)
+    keys = Counter((r["task"], r["sample"]) for r in done)
+    assert sorted(k[1] for k in keys) == list(range(n)) and set(keys.values()) == {1}, keys
+    assert {r["status"] for r in done} == {"completed"}
+    written = {(t.session_id, t.status) for t in iter_trajectories(run_dir / "shards", unique=False)}
+    for r in done:
+        assert (r["session"], "completed") in written, r
+    read = [(t.task_id, t.sample_index, t.session_id, t.status) for t in iter_trajectories(run_dir)]
+    assert sorted(read) == sorted((r["task"], r["sample"], r["session"], "completed") for r in done)
+
+
+def test_calculator_hetjob(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    tasks = _calculator(tmp_path, calculator_dir, 8)
+    job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=5)
+    seen = wait_for("status to list an engine and a gateway",
+                    lambda: (o := _polar(slurm, "status", job_id)).returncode == 0 and "gateway" in o.stdout
+                    and "engine" in o.stdout and o.stdout, 90)
+    assert "RUNNING" in seen and "gw-n1" in seen and "n0-0" in seen, seen
+    wait_for("the job to end", lambda: job_gone(slurm, job_id), 120)
+    _check_exactly_once(run_dir, 8)
+    assert "CUDA_VISIBLE_DEVICES=0,1" in (run_dir / "logs" / "step-engine-n0.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES=unset" in (run_dir / "logs" / "step-gateway-n1.log").read_text()
+    final = wait_for("sacct to say COMPLETED", lambda: "COMPLETED" in (o := _polar(slurm, "status", job_id).stdout) and o, 30)
+    assert "completed 8" in final, final
+    assert (run_dir / "keys").stat().st_mode & 0o777 == 0o700
+    assert (run_dir / "keys" / "client.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_requeue_resumes_from_the_journal(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    tasks = _calculator(tmp_path, calculator_dir, 16)
+    job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=15)
+    before = wait_for("a few results", lambda: len(r := results(run_dir)) >= 3 and r, 120, 0.2)
+    subprocess.run(["scontrol", "requeue", job_id], env=slurm, check=True)
+    wait_for("the requeued job to resume", lambda: _nudge(slurm, job_id) or any(
+        e["event"] == "resumed" for e in journal(run_dir)), 120, 2.0)
+    wait_for("the job to end", lambda: job_gone(slurm, job_id), 180)
+    _check_exactly_once(run_dir, 16)
+    events = journal(run_dir)
+    resumed_at = next(i for i, e in enumerate(events) if e["event"] == "resumed")
+    done_before = {(r["task"], r["sample"]) for r in results(run_dir) if events.index(r) < resumed_at}
+    assert len(done_before) >= len(before)
+    redone = [e for e in events[resumed_at:] if e["event"] == "assigned"
+              and (e["session"].rpartition("#")[0], int(e["session"].rpartition("#")[2].split(".")[0])) in done_before]
+    assert not redone, redone
+
+
+def test_killed_gateway_step_is_restarted(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    tasks = _calculator(tmp_path, calculator_dir, 12)
+    job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=15)
+    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
+    pids = live_processes_matching(f"gateway --run-dir {run_dir}")
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    wait_for("the job to end", lambda: job_gone(slurm, job_id), 180)
+    _check_exactly_once(run_dir, 12)
+    driver_log = next((run_dir / "slurm").glob("*_log.out")).read_text()
+    assert "gateway-n1 exited with code" in driver_log and "restart 1" in driver_log, driver_log
+    assert [e for e in journal(run_dir) if e["event"] in ("gateway_lost", "interrupted", "requeued")]
+    assert json.loads((run_dir / "job.json").read_text())["job_id"] == job_id
+
+
+def test_preemption_signal_requeues_and_resumes(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    """The job's `--signal=B:USR2` (sent here by hand, as at the time limit): the driver journals,
+    stops and requeues the job, which resumes."""
+    job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 10), token_delay_ms=15)
+    wait_for("a few results", lambda: len(results(run_dir)) >= 2, 120, 0.2)
+    subprocess.run(["scancel", "--signal=USR2", "--batch", job_id], env=slurm, check=True)
+    wait_for("the requeued job to resume", lambda: _nudge(slurm, job_id) or any(
+        e["event"] == "resumed" for e in journal(run_dir)), 120, 2.0)
+    wait_for("the job to end", lambda: job_gone(slurm, job_id), 180)
+    _check_exactly_once(run_dir, 10)
+    driver_log = next((run_dir / "slurm").glob("*_log.out")).read_text()
+    assert f"got signal {int(signal.SIGUSR2)}" in driver_log and "restart 1" in driver_log, driver_log
+
+
+def test_cancel_stops_the_job_cleanly(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 40), token_delay_ms=30)
+    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
+    out = _polar(slurm, "cancel", job_id)
+    assert out.returncode == 0 and f"job {job_id} ended" in out.stdout, out
+    assert any(e["event"] == "shutdown" and e["reason"] == "polar-hpc cancel" for e in journal(run_dir))
+    assert len(results(run_dir)) < 40  # stopped before the end
+    status = wait_for("sacct to record the job", lambda: "COMPLETED" in (o := _polar(slurm, "status", job_id).stdout) and o, 30)
+    assert "orchestrator not reachable" in status
+
+
+def test_failing_engine_step_is_restarted_then_the_job_stops(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    """`engine.kind: sglang` where SGLang is not installed: the engine step starts the real command
+    line, fails, is restarted a bounded number of times, and then the driver ends the job."""
+    topology = write_topology(tmp_path / "topology.yaml")
+    text = topology.read_text().replace("kind: scripted", "kind: sglang\n  model_path: /nonexistent/model")
+    topology.write_text(text.replace("slurm:\n", "slurm:\n  step_restarts: 1\n"))
+    out = _polar(slurm, "submit", "-c", topology, "--tasks", _calculator(tmp_path, calculator_dir, 2),
+                 "--run-dir", tmp_path / "run")
+    assert out.returncode == 0, out.stderr
+    job_id = re.search(r"submitted job (\d+)", out.stdout).group(1)
+    wait_for("the job to end", lambda: job_gone(slurm, job_id), 120)
+    run_dir = tmp_path / "run"
+    driver_log = next((run_dir / "slurm").glob("*_log.out")).read_text()
+    assert "engine-n0 exited with code 1; restart 1 in 1s" in driver_log, driver_log
+    assert "every engine step failed 2 times: giving up" in driver_log, driver_log
+    server_log = (run_dir / "logs" / "engine-n0-0.log").read_text()
+    assert "No module named 'sglang'" in server_log  # the SGLang command line was run on the GPU node
+    assert not results(run_dir)
+
+
+def test_a_job_slurm_refuses_is_a_clear_error(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    topology = write_topology(tmp_path / "topology.yaml")
+    topology.write_text(topology.read_text().replace("cpu: {nodes: 1, cpus: 2}", "cpu: {nodes: 1, cpus: 2, partition: nosuch}"))
+    out = _polar(slurm, "submit", "-c", topology, "--tasks", calculator_dir / "task.yaml", "--run-dir", tmp_path / "run")
+    assert out.returncode == 2, out
+    assert f"error: {topology}: sbatch refused the job:" in out.stderr and "Invalid partition" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "run").exists()  # the same --run-dir works next time
