@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from polar_hpc.sandbox.base import INSIDE, Sandbox
 
@@ -33,10 +34,16 @@ def available() -> bool:
     return probe.returncode == 0
 
 
-def _interpreter_paths() -> list[str]:
-    """This interpreter's environment folders that live under /tmp (they must stay visible)."""
-    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
-    return sorted(p for p in paths if p == "/tmp" or p.startswith("/tmp/"))
+def host_tmp_dirs() -> list[str]:
+    """Top-level /tmp folders holding this interpreter or a PATH entry (a checkout or virtualenv under
+    /tmp): the sandbox's private /tmp would hide them, so they are bound back read-only."""
+    wanted = [sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)]
+    tops = set()
+    for path in filter(None, wanted):
+        parts = Path(os.path.realpath(path)).parts
+        if len(parts) > 2 and parts[:2] == ("/", "tmp"):
+            tops.add(f"/tmp/{parts[2]}")
+    return sorted(tops)
 
 
 class BwrapSandbox(Sandbox):
@@ -53,8 +60,12 @@ class BwrapSandbox(Sandbox):
             if not folder.is_relative_to("/tmp") and folder.is_dir():
                 args += ["--tmpfs", str(folder)]
         args += ["--bind", tmp, "/tmp"]
-        for path in _interpreter_paths():  # a virtualenv under /tmp would be hidden by the private /tmp
+        shown = host_tmp_dirs()
+        for path in shown:
             args += ["--ro-bind", path, path]
+        for folder in self.hidden:  # e.g. a run dir inside a checkout under /tmp
+            if any(folder.is_relative_to(top) for top in shown) and folder.is_dir():
+                args += ["--tmpfs", str(folder)]
         args += ["--ro-bind", str(INSIDE), self.inside, "--bind", ws, ws, "--chdir", ws]
         args += ["--unshare-all", "--die-with-parent", "--new-session"]
         if self.network == "host":
