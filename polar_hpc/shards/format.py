@@ -47,34 +47,12 @@ class Header(msgspec.Struct):
     created: float
 
 
-class _TraceRecord(msgspec.Struct):
-    prompt_ids: bytes
-    response_ids: bytes
-    loss_mask: bytes
-    logprobs: bytes
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    finish_reason: str
-    weight_versions: list[str]
-    call_indices: list[int]
-
-
-class _TrajectoryRecord(msgspec.Struct):
-    session_id: str
-    task_id: str
-    sample_index: int
-    attempt: int
-    status: str
-    reward: float | None
-    traces: list[_TraceRecord]
-    metadata: dict[str, Any]
-    t_start: float
-    t_end: float
+PACKED = {"prompt_ids": "i", "response_ids": "i", "loss_mask": "i", "logprobs": "f"}  # trace field -> array code
 
 
 _encoder = msgspec.msgpack.Encoder()
 _header_decoder = msgspec.msgpack.Decoder(Header)
-_trajectory_decoder = msgspec.msgpack.Decoder(_TrajectoryRecord)
+_payload_decoder = msgspec.msgpack.Decoder()
 
 
 def frame(payload: bytes) -> bytes:
@@ -98,45 +76,25 @@ def decode_header(payload: bytes) -> Header:
 
 def encode_trajectory(traj: Trajectory) -> bytes:
     """Payload of `traj`; raises OverflowError for ids outside int32, TypeError for odd metadata."""
-    traces = [
-        _TraceRecord(
-            prompt_ids=_pack("i", t.prompt_ids),
-            response_ids=_pack("i", t.response_ids),
-            loss_mask=_pack("i", t.loss_mask),
-            logprobs=_pack("f", t.logprobs),
-            messages=t.messages,
-            tools=t.tools,
-            finish_reason=t.finish_reason,
-            weight_versions=t.weight_versions,
-            call_indices=t.call_indices,
-        )
-        for t in traj.traces
-    ]
-    fields = {f: getattr(traj, f) for f in traj.__struct_fields__ if f != "traces"}
-    return _encoder.encode(_TrajectoryRecord(traces=traces, **fields))
+    record = msgspec.structs.asdict(traj)
+    record["traces"] = [_convert_arrays(msgspec.structs.asdict(t), _pack) for t in traj.traces]
+    return _encoder.encode(record)
 
 
 def decode_trajectory(payload: bytes) -> Trajectory:
     try:
-        record = _trajectory_decoder.decode(payload)
-        traces = [
-            Trace(
-                prompt_ids=_unpack("i", t.prompt_ids),
-                response_ids=_unpack("i", t.response_ids),
-                loss_mask=_unpack("i", t.loss_mask),
-                logprobs=_unpack("f", t.logprobs),
-                messages=t.messages,
-                tools=t.tools,
-                finish_reason=t.finish_reason,
-                weight_versions=t.weight_versions,
-                call_indices=t.call_indices,
-            )
-            for t in record.traces
-        ]
-        fields = {f: getattr(record, f) for f in record.__struct_fields__ if f != "traces"}
-        return Trajectory(traces=traces, **fields)
-    except (msgspec.DecodeError, ValueError) as e:
-        raise FormatError(-1, f"bad trajectory record: {e}") from None
+        record = _payload_decoder.decode(payload)
+        record["traces"] = [Trace(**_convert_arrays(t, _unpack)) for t in record["traces"]]
+        return Trajectory(**record)
+    except (msgspec.DecodeError, ValueError, TypeError, KeyError) as e:
+        raise FormatError(-1, f"bad trajectory record: {e!r}") from None
+
+
+def _convert_arrays(trace: dict[str, Any], convert) -> dict[str, Any]:
+    """The trace map with its PACKED fields converted by `convert(code, value)` (pack or unpack)."""
+    for name, code in PACKED.items():
+        trace[name] = convert(code, trace[name])
+    return trace
 
 
 def read_frames(f: BinaryIO, start: int = 0) -> Iterator[tuple[int, bytes]]:
