@@ -25,14 +25,18 @@ image_app = typer.Typer(help="Apptainer images for clusters (definitions in cont
 app.add_typer(image_app, name="image")
 
 
-def _guard(fn):
-    """Run fn(); bad input (ConfigError) becomes a one-line error and exit code 2."""
+def _guard(fn, failures: tuple[type[Exception], ...] = ()):
+    """Run fn(); bad input (ConfigError) becomes a one-line error and exit code 2, and `failures`
+    (what went wrong at run time: a child that died, a missing tool) an error and exit code 1."""
     from polar_hpc.config import ConfigError
 
     try:
         return fn()
     except ConfigError as e:
         _fail(str(e))
+    except failures as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -47,13 +51,7 @@ def run(
     from polar_hpc import procs
     from polar_hpc.launch.local import LocalRun, run_local
 
-    console = Console()
-    try:
-        code = _guard(lambda: run_local(LocalRun(tasks, config, run_dir), console))
-    except procs.ChildFailed as e:
-        console.print(f"[red]error:[/red] {e}", highlight=False)
-        raise typer.Exit(1)
-    raise typer.Exit(code)
+    raise typer.Exit(_guard(lambda: run_local(LocalRun(tasks, config, run_dir), Console()), (procs.ChildFailed,)))
 
 
 @app.command()
@@ -254,12 +252,7 @@ def image_build(
     from polar_hpc.sandbox import images
 
     out = output or Path(f"{Path(name).stem}.sif")
-    try:
-        code = _guard(lambda: images.build(name, out.resolve(), fakeroot))
-    except images.ImageError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1)
-    raise typer.Exit(code)
+    raise typer.Exit(_guard(lambda: images.build(name, out.resolve(), fakeroot), (images.ImageError,)))
 
 
 @app.command()
