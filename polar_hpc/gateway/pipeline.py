@@ -225,7 +225,7 @@ class Pipeline:
                 reward=reward,
                 n_calls=len(records),
                 n_traces=len(traces),
-                n_tokens=sum(len(t.prompt_ids) + len(t.response_ids) for t in traces),
+                n_tokens=trajectory.n_tokens,
                 shard=shard,
                 error=outcome.error,
             )
