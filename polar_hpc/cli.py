@@ -37,9 +37,14 @@ def _guard(fn):
 
 @app.command()
 def run(
-    tasks: Path = typer.Argument(..., help="Task file: one YAML task (or a list), or JSONL, one task per line."),
+    tasks: Optional[Path] = typer.Argument(
+        None, help="Task file: one YAML task (or a list), or JSONL, one task per line (optional with --service)."
+    ),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="topology.yaml (default: built-in)."),
     run_dir: Optional[Path] = typer.Option(None, help="Where the run's files go (default: a new folder under ./runs/)."),
+    service: bool = typer.Option(
+        False, "--service", help="Keep running for trainers (polar_hpc.client) until one drains the run."
+    ),
 ) -> None:
     """Run a job on this machine: scripted engine, orchestrator, one gateway with its proxy."""
     from rich.console import Console
@@ -49,7 +54,7 @@ def run(
 
     console = Console()
     try:
-        code = _guard(lambda: run_local(LocalRun(tasks, config, run_dir), console))
+        code = _guard(lambda: run_local(LocalRun(tasks, config, run_dir, service), console))
     except procs.ChildFailed as e:
         console.print(f"[red]error:[/red] {e}", highlight=False)
         raise typer.Exit(1)
@@ -62,11 +67,14 @@ def orchestrator(
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
     advertise: Optional[str] = typer.Option(None, help="Host name peers connect to (default: --host)."),
+    engine_url: list[str] = typer.Option(
+        [], help="An engine that does not register itself (weight updates reach it too); repeatable."
+    ),
 ) -> None:
     """Run the orchestrator of a run (started for you by `run` and `submit`)."""
     from polar_hpc.orchestrator.server import serve
 
-    raise typer.Exit(_guard(lambda: serve(run_dir, host, port, advertise)))
+    raise typer.Exit(_guard(lambda: serve(run_dir, host, port, advertise, tuple(engine_url))))
 
 
 @app.command()

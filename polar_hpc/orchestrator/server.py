@@ -11,6 +11,13 @@ When the journal already holds an earlier life of the run (a requeued job), it r
 (task, sample) keys are not redone, the others run again as new attempts. On SIGTERM it marks the
 sessions in flight `interrupted` in the journal, stops the gateways and exits. A client's Shutdown
 stops the gateways and then the orchestrator.
+
+Service mode (`service.enabled`): the run has no fixed task list. Trainers add batches
+(SubmitTasks, or files in `<run>/inbox/`), idempotent by task id; more queued sessions than
+`service.max_queued` answer Busy and take nothing. CancelTasks cancels a batch or a task (queued
+sessions at once, running ones through their gateway). UpdateWeights makes every engine (those
+registered and those given with `--engine-url`) load new weights. The run is done only after Drain,
+once every session has ended.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import logging
 import os
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +36,8 @@ import zmq
 import zmq.asyncio
 
 from polar_hpc import security, wire
-from polar_hpc.config import load_tasks, load_topology
+from polar_hpc.config import ConfigError, load_tasks, load_topology
+from polar_hpc.orchestrator import service
 from polar_hpc.orchestrator.journal import Journal, replay
 from polar_hpc.orchestrator.sessions import FINAL, SessionTable
 
@@ -44,11 +52,12 @@ class _Gateway:
     sessions: set[str] = field(default_factory=set)
 
 
-def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> int:
+def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
+          engine_urls: tuple[str, ...] = ()) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def main() -> int:  # built inside the loop: the CURVE authenticator runs on it
-        return await Orchestrator(run_dir, host, port, advertise).run()
+        return await Orchestrator(run_dir, host, port, advertise, engine_urls).run()
 
     return asyncio.run(main())
 
@@ -63,12 +72,23 @@ def write_rendezvous(run_dir: Path, info: dict) -> None:
 
 
 class Orchestrator:
-    def __init__(self, run_dir: Path, host: str, port: int, advertise: str | None = None) -> None:
+    def __init__(self, run_dir: Path, host: str, port: int, advertise: str | None = None,
+                 engine_urls: tuple[str, ...] = ()) -> None:
         self.run_dir = run_dir
         self.topology = load_topology(run_dir / "topology.yaml")
+        self.service = self.topology.service
         self.done, attempts = replay(run_dir)
         self.resumed = bool(attempts)
-        self.table = SessionTable.from_tasks(load_tasks(run_dir / "tasks.jsonl"), self.done, attempts)
+        tasks_path = run_dir / "tasks.jsonl"
+        empty = self.service.enabled and (not tasks_path.exists() or not tasks_path.read_text().strip())
+        tasks = [] if empty else load_tasks(tasks_path)
+        self.table = SessionTable.from_tasks(tasks, self.done, attempts)
+        self.batches = service.Batches()
+        self.batches.add("initial", [t.id for t in tasks])
+        self.draining = False
+        self.cancelling: set[str] = set()  # running sessions cancelled on purpose
+        self.static_engines = {url: self.topology.engine.weight_version for url in engine_urls}  # url -> version
+        self.weights_lock = asyncio.Lock()
         self.journal = Journal(run_dir)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -161,13 +181,25 @@ class Orchestrator:
             self._lose_engine(identity, "deregistered")
         elif isinstance(msg, wire.StatusRequest):
             self._send(identity, self._status())
+        elif isinstance(msg, wire.SubmitTasks):
+            self._send(identity, self._submit(msg.batch_id, msg.tasks))
+        elif isinstance(msg, wire.BatchStatusRequest):
+            self._send(identity, self._batch_status(msg.batch_id))
+        elif isinstance(msg, wire.CancelTasks):
+            self._send(identity, self._cancel(msg))
+        elif isinstance(msg, wire.UpdateWeights):
+            asyncio.get_running_loop().create_task(self._update_weights(identity, msg))
+        elif isinstance(msg, wire.Drain):
+            self.draining = True
+            self.journal.write("drain")
+            self._send(identity, self._status())
         elif isinstance(msg, wire.Shutdown):
             log.info("shutdown requested by a client: %s", msg.reason)
             self.journal.write("shutdown", reason=msg.reason)
             self.stopping.set()
 
     def _result(self, msg: wire.Result) -> None:
-        if msg.status == "cancelled":  # its gateway stopped under it: not the attempt that counts
+        if msg.status == "cancelled" and msg.session_id not in self.cancelling:  # its gateway stopped under it: not the attempt that counts
             self.journal.write("interrupted", session=msg.session_id, reason="gateway stopped", shard=msg.shard)
             if not self.stopping.is_set() and self.table.sessions.get(msg.session_id) is not None:
                 self._requeue(msg.session_id)
@@ -179,6 +211,112 @@ class Orchestrator:
                 "result", session=msg.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt,
                 status=msg.status, reward=msg.reward, shard=msg.shard, n_tokens=msg.n_tokens,
             )
+
+    # --- service mode -------------------------------------------------------------------------
+
+    def _submit(self, batch_id: str, data: list[dict]) -> wire.Message:
+        if not self.service.enabled:
+            return wire.Refused(error="this run is not a service run (set service.enabled in its topology)")
+        if self.draining:
+            return wire.Refused(error="the run is draining: it takes no more tasks")
+        try:
+            tasks = service.validate(data)
+        except ConfigError as e:
+            return wire.Refused(error=str(e))
+        new = [t for t in tasks if t.id not in self.batches.batch_of]
+        sessions = sum(t.num_samples for t in new)
+        if sessions > self.service.max_queued:
+            return wire.Refused(error=f"batch {batch_id}: {sessions} sessions can never fit service.max_queued "
+                                      f"= {self.service.max_queued}; split it")
+        if new and len(self.table.queue) + sessions > self.service.max_queued:
+            return wire.Busy(queued=len(self.table.queue), max_queued=self.service.max_queued,
+                             retry_after_s=self._retry_after(sessions))
+        added, known = self.batches.add(batch_id, [t.id for t in tasks])
+        for task in new:
+            self.journal.write("submitted", batch=batch_id, task=task.model_dump(mode="json"))
+            for s in self.table.add(task):
+                self.journal.write("queued", session=s.session_id, task=task.id, sample=s.sample_index,
+                                   attempt=s.attempt)
+        for identity, gw in self.gateways.items():
+            self._dispatch(identity, gw)
+        return wire.Submitted(batch_id=batch_id, added=added, known=known)
+
+    def _retry_after(self, sessions: int) -> float:
+        """Time until `sessions` places free up at the recent rate (0.5 s to 30 s)."""
+        rate = len(self.ended) / 60 if self.ended else 0.0
+        excess = len(self.table.queue) + sessions - self.service.max_queued
+        return min(30.0, max(0.5, excess / rate if rate > 0 else 5.0))
+
+    def _batch_status(self, batch_id: str | None) -> wire.Message:
+        if batch_id is not None and batch_id not in self.batches.tasks:
+            return wire.Refused(error=f"no batch {batch_id!r} in this run")
+        chosen = [batch_id] if batch_id is not None else list(self.batches.tasks)
+        by_task: dict[str, list[str]] = {}
+        for s in self.table.sessions.values():
+            by_task.setdefault(s.task.id, []).append(s.state)
+        batches = {}
+        for b in chosen:
+            states = [state for tid in self.batches.tasks[b] for state in by_task.get(tid, [])]
+            batches[b] = wire.BatchState(states=dict(Counter(states)), total=len(states),
+                                         done=all(state in FINAL for state in states))
+        return wire.BatchStatus(batches=batches)
+
+    def _cancel(self, msg: wire.CancelTasks) -> wire.Message:
+        if msg.task_id is not None:
+            if msg.task_id not in self.batches.batch_of:
+                return wire.Refused(error=f"no task {msg.task_id!r} in this run")
+            task_ids = {msg.task_id}
+        elif msg.batch_id in self.batches.tasks:
+            task_ids = set(self.batches.tasks[msg.batch_id])
+        else:
+            return wire.Refused(error=f"no batch {msg.batch_id!r} in this run")
+        n = 0
+        for s in list(self.table.sessions.values()):
+            if s.task.id not in task_ids or s.state in FINAL:
+                continue
+            n += 1
+            if self.table.cancel_queued(s.session_id) is not None:
+                self.journal.write("result", session=s.session_id, task=s.task.id, sample=s.sample_index,
+                                   attempt=s.attempt, status="cancelled", reward=None, shard="", n_tokens=0)
+            elif s.gateway is not None and s.session_id not in self.cancelling:
+                self.cancelling.add(s.session_id)
+                self._send(s.gateway, wire.Cancel(session_id=s.session_id))
+        return wire.Cancelled(sessions=n)
+
+    async def _update_weights(self, identity: bytes, msg: wire.UpdateWeights) -> None:
+        async with self.weights_lock:
+            urls = sorted(set(self.static_engines) | {e.url for e in self.engines.values()})
+            self.journal.write("weights_update", path=msg.model_path, weight_version=msg.weight_version, engines=urls)
+            pause_ms, errors = await service.update_engines(urls, msg.model_path, msg.weight_version,
+                                                            self.service.weight_update_timeout_s)
+            failed = {e.split(": ", 1)[0] for e in errors}
+            for url in self.static_engines:
+                if url not in failed:
+                    self.static_engines[url] = msg.weight_version
+            for engine in self.engines.values():
+                if engine.url not in failed:
+                    engine.weight_version = msg.weight_version
+            ok = [u for u in urls if u not in failed]
+            self.journal.write("weights", weight_version=msg.weight_version, engines=ok, errors=errors,
+                               pause_ms=round(pause_ms, 3))
+            log.info("weights %s on %d engines (%d failed), pause %.1f ms", msg.weight_version, len(ok), len(errors),
+                     pause_ms)
+        self._send(identity, wire.WeightsUpdated(weight_version=msg.weight_version, engines=ok,
+                                                 pause_ms=pause_ms, errors=errors))
+
+    def _take_inbox(self) -> None:
+        for path in service.inbox_files(self.run_dir):
+            try:
+                data = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            except (OSError, ValueError) as e:
+                service.consume(path, f"{path}: not valid JSONL: {e}")
+                continue
+            answer = self._submit(f"inbox-{path.stem}", data)
+            if isinstance(answer, wire.Busy):
+                return  # the file stays; it is taken once there is room
+            error = answer.error if isinstance(answer, wire.Refused) else None
+            target = service.consume(path, error)
+            self.journal.write("inbox", file=path.name, moved_to=str(target), error=error)
 
     def _requeue(self, session_id: str) -> None:
         s = self.table.sessions.get(session_id)
@@ -214,12 +352,19 @@ class Orchestrator:
         rate = len(self.ended) / 60 if self.ended else 0.0
         members = [wire.Member("engine", e.engine_id, e.host, True, 0, f"{e.url} weights {e.weight_version}")
                    for e in self.engines.values()]
+        members += [wire.Member("engine", url, "", True, 0, f"{url} weights {version}")
+                    for url, version in self.static_engines.items()]
         members += [wire.Member("gateway", g.gateway_id, g.host, True, len(g.sessions)) for g in self.gateways.values()]
         members += list(self.down.values())
-        return self.table.status(len(self.gateways), members, rate)
+        reply = self.table.status(len(self.gateways), members, rate)
+        if self.service.enabled:
+            reply.done = reply.done and self.draining
+        return reply
 
     async def _tick(self) -> None:
         while True:
+            if self.service.enabled and not self.draining:
+                self._take_inbox()
             beat = wire.Heartbeat(sender="orchestrator", t=time.time())
             for identity in list(self.gateways) + list(self.engines):
                 self._send(identity, beat)
