@@ -13,6 +13,7 @@ import pytest
 from polar_hpc import security
 from polar_hpc.client import Client, ServiceBusy
 from polar_hpc.config import ConfigError
+from tests.conftest import polar
 from tests.orchestrator.helpers import start_orchestrator
 
 SERVICE = "service:\n  enabled: true\n  max_queued: 12\ngateway:\n  heartbeat_s: 0.1\n"
@@ -121,3 +122,9 @@ def test_a_run_that_is_not_a_service_refuses_tasks(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_run_without_tasks_needs_service(tmp_path: Path) -> None:
+    result = polar("run", "--run-dir", tmp_path / "run")
+    assert result.returncode == 2 and "--service" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run").exists()
