@@ -9,6 +9,9 @@ One request at a time, each answered by the orchestrator:
   ids, so a trainer that restarts and submits the same tasks gets the same batch back and nothing is
   queued twice (the orchestrator skips task ids it has). When the queue is full, `block` waits the
   hinted time and tries again; otherwise `ServiceBusy` carries the hint. Nothing is ever dropped.
+  `max_staleness=k`: a session that ends more than k policy versions after the one it was
+  dispatched under is marked stale (journal; `BatchState.stale`); read with
+  `Filter(weight_versions=(newest - k, None))` to keep only trajectories within the window.
 - `status(batch_id=None)`: {batch: BatchState(states, total, done)}; `cancel(batch_id=... | task_id=...)`
   -> sessions cancelled; `wait(batch_id)` polls until every session of the batch has ended.
 - `update_weights(path, version)`: every engine pauses, loads `path` as `version`, continues;
@@ -80,13 +83,13 @@ class Client:
                               f"(is the job running, and are these the run's keys in {self.run_dir}/keys?)")
 
     def submit(self, tasks: list[dict[str, Any] | Task], batch_id: str | None = None, block: bool = True,
-               timeout_s: float | None = None) -> str:
+               timeout_s: float | None = None, max_staleness: int | None = None) -> str:
         data = [t.model_dump(mode="json") if isinstance(t, Task) else t for t in tasks]
         data = [t.model_dump(mode="json") for t in validate(data)]  # bad input fails here, not in the job
         batch_id = batch_id or batch_id_for([t["id"] for t in data])
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else float("inf"))
         while True:
-            reply = self._ask(wire.SubmitTasks(batch_id=batch_id, tasks=data))
+            reply = self._ask(wire.SubmitTasks(batch_id=batch_id, tasks=data, max_staleness=max_staleness))
             if isinstance(reply, wire.Submitted):
                 return reply.batch_id
             assert isinstance(reply, wire.Busy), reply

@@ -163,6 +163,7 @@ class SubmitTasks(Message):
 
     batch_id: str
     tasks: list[dict[str, Any]]
+    max_staleness: int | None = None  # versions a trajectory may lag the newest policy; older: `stale`
 
 
 class Submitted(Message):
@@ -193,6 +194,7 @@ class BatchState(msgspec.Struct):
     states: dict[str, int]  # sessions by state
     total: int
     done: bool
+    stale: int = 0  # ended sessions marked stale (see SubmitTasks.max_staleness)
 
 
 class BatchStatus(Message):

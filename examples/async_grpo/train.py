@@ -1,7 +1,7 @@
 """Asynchronous GRPO against a running service job, in plain Python (no GPU, no real training).
 
 Each step: submit a batch of calculator tasks (several samples each) with `polar_hpc.client`,
-wait for it, follow the shards for its groups, compute group-normalized advantages, "train" (a
+wait for it, follow the shards for its groups (within the staleness window), compute group-normalized advantages, "train" (a
 stand-in step that writes a new weights folder), and publish the folder as the next policy version
 with `update_weights`. Every trajectory of step N must come from version vN: the script checks it
 and exits 1 otherwise. At the end it drains the job, which then finishes.
@@ -64,17 +64,19 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--tasks", type=int, default=2, help="tasks per batch")
     ap.add_argument("--samples", type=int, default=4, help="samples per task (the GRPO group)")
+    ap.add_argument("--max-staleness", type=int, default=1, help="policy versions a trajectory may lag")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     wrong = 0
     with Client(args.run_dir) as client:
         for step in range(args.steps):
             version = f"v{step}"
-            batch = client.submit(tasks_for(step, args.tasks, args.samples))
+            batch = client.submit(tasks_for(step, args.tasks, args.samples), max_staleness=args.max_staleness)
             print(f"step {step}: batch {batch} submitted ({args.tasks} tasks x {args.samples})", flush=True)
             client.wait(batch, timeout_s=300)
             follower = Follower(args.run_dir, cursor=args.work / "trainer.cursor", group_by_task=True,
-                                filter=Filter(status="completed"), poll_s=0.2, idle_timeout_s=60)
+                                filter=Filter(status="completed", weight_versions=(step - args.max_staleness, None)),
+                                poll_s=0.2, idle_timeout_s=60)
             groups = list(follower)
             for group in groups:
                 versions = {v for t in group for trace in t.traces for v in trace.weight_versions}

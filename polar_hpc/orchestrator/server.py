@@ -39,6 +39,7 @@ from polar_hpc import security, wire
 from polar_hpc.config import ConfigError, load_tasks, load_topology
 from polar_hpc.orchestrator import service
 from polar_hpc.orchestrator.journal import Journal, replay
+from polar_hpc.shards.batch import version_number
 from polar_hpc.orchestrator.sessions import FINAL, SessionTable
 
 log = logging.getLogger("polar_hpc.orchestrator")
@@ -89,6 +90,8 @@ class Orchestrator:
         self.cancelling: set[str] = set()  # running sessions cancelled on purpose
         self.static_engines = {url: self.topology.engine.weight_version for url in engine_urls}  # url -> version
         self.weights_lock = asyncio.Lock()
+        self.policy = version_number(self.topology.engine.weight_version)  # newest version, as a number
+        self.assigned_policy: dict[str, int | None] = {}  # session -> the newest version when dispatched
         self.journal = Journal(run_dir)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -182,7 +185,7 @@ class Orchestrator:
         elif isinstance(msg, wire.StatusRequest):
             self._send(identity, self._status())
         elif isinstance(msg, wire.SubmitTasks):
-            self._send(identity, self._submit(msg.batch_id, msg.tasks))
+            self._send(identity, self._submit(msg.batch_id, msg.tasks, msg.max_staleness))
         elif isinstance(msg, wire.BatchStatusRequest):
             self._send(identity, self._batch_status(msg.batch_id))
         elif isinstance(msg, wire.CancelTasks):
@@ -207,14 +210,16 @@ class Orchestrator:
         s = self.table.finish(msg)
         if s is not None:  # the first result of a (task, sample): the attempt that counts
             self.ended.append(time.monotonic())
+            stale = self.batches.is_stale(s.task.id, self.assigned_policy.pop(msg.session_id, None), self.policy)
             self.journal.write(
                 "result", session=msg.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt,
                 status=msg.status, reward=msg.reward, shard=msg.shard, n_tokens=msg.n_tokens,
+                **({"stale": True} if stale else {}),
             )
 
     # --- service mode -------------------------------------------------------------------------
 
-    def _submit(self, batch_id: str, data: list[dict]) -> wire.Message:
+    def _submit(self, batch_id: str, data: list[dict], max_staleness: int | None = None) -> wire.Message:
         if not self.service.enabled:
             return wire.Refused(error="this run is not a service run (set service.enabled in its topology)")
         if self.draining:
@@ -231,9 +236,12 @@ class Orchestrator:
         if new and len(self.table.queue) + sessions > self.service.max_queued:
             return wire.Busy(queued=len(self.table.queue), max_queued=self.service.max_queued,
                              retry_after_s=self._retry_after(sessions))
-        added, known = self.batches.add(batch_id, [t.id for t in tasks])
+        if max_staleness is not None and max_staleness < 0:
+            return wire.Refused(error=f"batch {batch_id}: max_staleness must be >= 0, not {max_staleness}")
+        added, known = self.batches.add(batch_id, [t.id for t in tasks], max_staleness)
         for task in new:
-            self.journal.write("submitted", batch=batch_id, task=task.model_dump(mode="json"))
+            self.journal.write("submitted", batch=batch_id, task=task.model_dump(mode="json"),
+                               max_staleness=max_staleness)
             for s in self.table.add(task):
                 self.journal.write("queued", session=s.session_id, task=task.id, sample=s.sample_index,
                                    attempt=s.attempt)
@@ -258,7 +266,7 @@ class Orchestrator:
         for b in chosen:
             states = [state for tid in self.batches.tasks[b] for state in by_task.get(tid, [])]
             batches[b] = wire.BatchState(states=dict(Counter(states)), total=len(states),
-                                         done=all(state in FINAL for state in states))
+                                         done=all(state in FINAL for state in states), stale=self.batches.stale[b])
         return wire.BatchStatus(batches=batches)
 
     def _cancel(self, msg: wire.CancelTasks) -> wire.Message:
@@ -297,6 +305,8 @@ class Orchestrator:
                 if engine.url not in failed:
                     engine.weight_version = msg.weight_version
             ok = [u for u in urls if u not in failed]
+            if ok:
+                self.policy = version_number(msg.weight_version)
             self.journal.write("weights", weight_version=msg.weight_version, engines=ok, errors=errors,
                                pause_ms=round(pause_ms, 3))
             log.info("weights %s on %d engines (%d failed), pause %.1f ms", msg.weight_version, len(ok), len(errors),
@@ -335,6 +345,7 @@ class Orchestrator:
             gw.credit -= 1
             gw.sessions.add(spec.session_id)
             self.journal.write("assigned", session=spec.session_id, gateway=gw.gateway_id, attempt=spec.attempt)
+            self.assigned_policy[spec.session_id] = self.policy
             self._send(identity, wire.Assign(session=spec))
 
     def _engine_list(self) -> wire.Engines:

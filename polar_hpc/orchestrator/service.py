@@ -2,6 +2,8 @@
 
 - `Batches`: which tasks each trainer batch holds; a task id belongs to the first batch that
   brought it, and is never queued twice (re-submitting after a trainer restart adds nothing).
+  A batch's `max_staleness` marks sessions that ended more than that many policy versions after
+  the one they were dispatched under (`is_stale`; journaled as `"stale": true` on the result).
 - `validate(tasks)`: plain task dicts -> config.Task, or one ConfigError naming each bad task.
 - `inbox_files(run_dir)` / `consume(path)`: `<run>/inbox/*.jsonl`, oldest first. A trainer writes
   a file under another name (e.g. `.name.tmp`) and renames it into place, so a listed file is
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,14 +28,17 @@ import aiohttp
 import pydantic
 
 from polar_hpc.config import ConfigError, Task
+from polar_hpc.shards.batch import version_number
 
 
 @dataclass
 class Batches:
     tasks: dict[str, list[str]] = field(default_factory=dict)  # batch -> task ids, in order
     batch_of: dict[str, str] = field(default_factory=dict)  # task id -> its batch
+    max_staleness: dict[str, int] = field(default_factory=dict)  # batch -> versions allowed
+    stale: Counter = field(default_factory=Counter)  # batch -> sessions marked stale
 
-    def add(self, batch_id: str, task_ids: Iterable[str]) -> tuple[list[str], list[str]]:
+    def add(self, batch_id: str, task_ids: Iterable[str], max_staleness: int | None = None) -> tuple[list[str], list[str]]:
         """Record a batch; returns (ids new to the run, ids it already had)."""
         added, known = [], []
         for tid in task_ids:
@@ -41,7 +47,19 @@ class Batches:
             self.tasks.setdefault(batch_id, []).extend(added)
             for tid in added:
                 self.batch_of[tid] = batch_id
+            if max_staleness is not None:
+                self.max_staleness[batch_id] = max_staleness
         return added, known
+
+    def is_stale(self, task_id: str, assigned: int | None, newest: int | None) -> bool:
+        """A session dispatched under policy `assigned` that ends when `newest` is current lags by
+        at most newest - assigned versions; beyond its batch's max_staleness it is stale."""
+        batch = self.batch_of.get(task_id)
+        allowed = self.max_staleness.get(batch) if batch is not None else None
+        if allowed is None or assigned is None or newest is None or newest - assigned <= allowed:
+            return False
+        self.stale[batch] += 1
+        return True
 
 
 def validate(tasks: list[dict[str, Any]]) -> list[Task]:

@@ -51,10 +51,16 @@ class Filter:
         if self.weight_versions is not None:
             for trace in traj.traces:
                 for version in trace.weight_versions:
-                    m = _TRAILING_INT.search(version)
-                    if m is None or not _within(int(m[1]), *self.weight_versions):
+                    number = version_number(version)
+                    if number is None or not _within(number, *self.weight_versions):
                         return False
         return True
+
+
+def version_number(version: str) -> int | None:
+    """A weight version's trailing integer ("v12" and "12" are 12); None when it has none."""
+    m = _TRAILING_INT.search(version)
+    return int(m[1]) if m else None
 
 
 def _within(x: float, low: float | None, high: float | None) -> bool:

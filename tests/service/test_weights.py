@@ -1,6 +1,7 @@
 """update_weights through a real orchestrator to a real scripted engine: every engine pauses,
 loads and continues; calls in flight finish (none lost) on the old version, later calls report
-the new one, and the run's status shows the version each engine serves."""
+the new one, and the run's status shows the version each engine serves. Sessions that end more
+versions after their dispatch than their batch's max_staleness allows are marked stale."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ import time
 from pathlib import Path
 
 import aiohttp
+import pytest
+import zmq
 
+from polar_hpc import wire
 from polar_hpc.client import Client
-from tests.orchestrator.helpers import start_orchestrator
+from polar_hpc.config import ConfigError
+from tests.orchestrator.helpers import next_message, start_orchestrator
 
 
 def _start_engine(tmp_path: Path) -> tuple[subprocess.Popen, str]:
@@ -95,3 +100,37 @@ def test_a_failing_engine_is_reported(tmp_path: Path) -> None:
 
 def start_orchestrator_with_engine(run_dir: Path, url: str) -> tuple[subprocess.Popen, str]:
     return start_orchestrator(run_dir, "service:\n  enabled: true\n", None, ["--engine-url", url])
+
+
+def test_sessions_older_than_max_staleness_are_marked(tmp_path: Path) -> None:
+    engine, url = _start_engine(tmp_path)
+    orchestrator, endpoint = start_orchestrator_with_engine(tmp_path, url)
+    gateway = zmq.Context.instance().socket(zmq.DEALER)
+    gateway.setsockopt(zmq.LINGER, 0)
+    try:
+        with Client(tmp_path, timeout_s=30) as client:
+            strict = client.submit([{"id": "a", "instruction": "x", "harness": {"command": "true"}}], max_staleness=1)
+            loose = client.submit([{"id": "b", "instruction": "x", "harness": {"command": "true"}}], max_staleness=5)
+            gateway.connect(endpoint)  # a gateway, speaking the protocol by hand: takes both under v0
+            gateway.send(wire.encode(wire.Hello(gateway_id="g", host="h", slots=2)))
+            gateway.send(wire.encode(wire.Credit(n=2)))
+            sessions = [next_message(gateway, wire.Assign).session.session_id for _ in range(2)]
+            client.update_weights(tmp_path / "w1", "v1")
+            client.update_weights(tmp_path / "w2", "v2")  # both sessions now lag by 2 versions
+            for sid in sessions:
+                gateway.send(wire.encode(wire.Result(session_id=sid, status="completed", reward=1.0, n_calls=1,
+                                                     n_traces=1, n_tokens=3, shard="g-000000.shard")))
+            deadline = time.monotonic() + 10
+            while not client.status(strict)[strict].done or not client.status(loose)[loose].done:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert client.status(strict)[strict].stale == 1 and client.status(loose)[loose].stale == 0
+            with pytest.raises(ConfigError, match="max_staleness"):
+                client.submit([{"id": "c", "instruction": "x", "harness": {"command": "true"}}], max_staleness=-1)
+        journal = [json.loads(line) for line in (tmp_path / "journal" / "orchestrator.jsonl").read_text().splitlines()]
+        assert {e["task"]: e.get("stale", False) for e in journal if e["event"] == "result"} == {"a": True, "b": False}
+    finally:
+        gateway.close()
+        for proc in (engine, orchestrator):
+            proc.kill()
+            proc.wait()
