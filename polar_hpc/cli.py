@@ -123,7 +123,9 @@ def proxy(
 @app.command()
 def submit(
     config: Path = typer.Option(..., "--config", "-c", help="topology.yaml (with a `slurm:` section)."),
-    tasks: Path = typer.Option(..., "--tasks", help="Task file: YAML (one or a list) or JSONL."),
+    tasks: Optional[Path] = typer.Option(
+        None, "--tasks", help="Task file: YAML (one or a list) or JSONL (optional when service.enabled)."
+    ),
     run_dir: Optional[Path] = typer.Option(None, help="Run directory on the shared filesystem (default: ./runs/...)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script; submit nothing."),
 ) -> None:
@@ -132,10 +134,11 @@ def submit(
 
     def go() -> None:
         if dry_run:
-            from polar_hpc.config import load_tasks, load_topology
+            from polar_hpc.config import load_topology
+            from polar_hpc.launch.rundir import load_run_tasks
 
-            load_tasks(tasks)
             topology = load_topology(config)
+            load_run_tasks(tasks, topology)
             target = (run_dir or Path(topology.run_dir or "runs/DRY-RUN")).resolve()
             typer.echo(slurm.dry_run(topology, target), nl=False)
             return
@@ -148,7 +151,9 @@ def submit(
 @app.command("sbatch")
 def sbatch_script(
     config: Path = typer.Option(..., "--config", "-c", help="topology.yaml (with a `slurm:` section)."),
-    tasks: Path = typer.Option(..., "--tasks", help="Task file: YAML (one or a list) or JSONL."),
+    tasks: Optional[Path] = typer.Option(
+        None, "--tasks", help="Task file: YAML (one or a list) or JSONL (optional when service.enabled)."
+    ),
     run_dir: Optional[Path] = typer.Option(None, help="Run directory on the shared filesystem (default: ./runs/...)."),
 ) -> None:
     """Prepare a run directory and print the same job as a plain sbatch script (submit it yourself)."""

@@ -38,8 +38,6 @@ class LocalRun:
 def run_local(spec: LocalRun, console: Console) -> int:
     if load_topology(spec.topology_path).engine.kind != "scripted":
         raise ConfigError(f"{spec.topology_path}: engine.kind: 'polar-hpc run' runs the scripted engine only")
-    if spec.tasks_path is None and not spec.service:
-        raise ConfigError("polar-hpc run: give a task file (or --service, for tasks sent by a trainer)")
     run_dir, tasks, topology = prepare(spec.tasks_path, spec.topology_path, spec.run_dir, spec.service)
     t0 = time.monotonic()
     children: list[procs.Child] = []

@@ -18,10 +18,10 @@ from polar_hpc.config import ConfigError, Task, Topology, load_tasks, load_topol
 
 def prepare(tasks_path: Path | None, topology_path: Path | None, run_dir: Path | None,
             service: bool = False) -> tuple[Path, list[Task], Topology]:
-    tasks = load_tasks(tasks_path) if tasks_path is not None else []
     topology = load_topology(topology_path)
     if service:
         topology = topology.model_copy(update={"service": topology.service.model_copy(update={"enabled": True})})
+    tasks = load_run_tasks(tasks_path, topology)
     name = "service" if tasks_path is None else tasks[0].id if len(tasks) == 1 else tasks_path.stem
     chosen = run_dir or (Path(topology.run_dir) if topology.run_dir else None)
     run_dir = (chosen or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}").resolve()
@@ -38,3 +38,13 @@ def prepare(tasks_path: Path | None, topology_path: Path | None, run_dir: Path |
         yaml.safe_dump(topology.model_dump(mode="json") | {"run_dir": str(run_dir)}, sort_keys=False)
     )
     return run_dir, tasks, topology
+
+
+def load_run_tasks(tasks_path: Path | None, topology: Topology) -> list[Task]:
+    """The run's tasks; only a service run may start without a task file."""
+    if tasks_path is None:
+        if not topology.service.enabled:
+            raise ConfigError("no task file given; only a service run (service.enabled, or `run --service`) "
+                              "may start without one")
+        return []
+    return load_tasks(tasks_path)

@@ -17,7 +17,7 @@ Service mode (`service.enabled`): the run has no fixed task list. Trainers add b
 `service.max_queued` answer Busy and take nothing. CancelTasks cancels a batch or a task (queued
 sessions at once, running ones through their gateway). UpdateWeights makes every engine (those
 registered and those given with `--engine-url`) load new weights. The run is done only after Drain,
-once every session has ended.
+once every session has ended. A resumed service run queues again what trainers had added.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import zmq
 import zmq.asyncio
 
 from polar_hpc import security, wire
-from polar_hpc.config import ConfigError, load_tasks, load_topology
+from polar_hpc.config import ConfigError, Task, load_tasks, load_topology
 from polar_hpc.orchestrator import service
-from polar_hpc.orchestrator.journal import Journal, replay
+from polar_hpc.orchestrator.journal import Journal, replay, service_events
 from polar_hpc.shards.batch import version_number
 from polar_hpc.orchestrator.sessions import FINAL, SessionTable
 
@@ -83,10 +83,13 @@ class Orchestrator:
         tasks_path = run_dir / "tasks.jsonl"
         empty = self.service.enabled and (not tasks_path.exists() or not tasks_path.read_text().strip())
         tasks = [] if empty else load_tasks(tasks_path)
-        self.table = SessionTable.from_tasks(tasks, self.done, attempts)
+        submitted, self.draining = service_events(run_dir) if self.service.enabled else ([], False)
+        added = [Task.model_validate(e["task"]) for e in submitted]  # by trainers, in an earlier life
+        self.table = SessionTable.from_tasks(tasks + added, self.done, attempts)
         self.batches = service.Batches()
         self.batches.add("initial", [t.id for t in tasks])
-        self.draining = False
+        for event, task in zip(submitted, added):
+            self.batches.add(event["batch"], [task.id], event.get("max_staleness"))
         self.cancelling: set[str] = set()  # running sessions cancelled on purpose
         self.static_engines = {url: self.topology.engine.weight_version for url in engine_urls}  # url -> version
         self.weights_lock = asyncio.Lock()

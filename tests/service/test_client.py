@@ -128,3 +128,22 @@ def test_run_without_tasks_needs_service(tmp_path: Path) -> None:
     result = polar("run", "--run-dir", tmp_path / "run")
     assert result.returncode == 2 and "--service" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_restarted_orchestrator_keeps_what_trainers_added(tmp_path: Path) -> None:
+    proc, _ = start_orchestrator(tmp_path, SERVICE, FIRST)
+    try:
+        with Client(tmp_path, timeout_s=10) as client:
+            batch = client.submit([_task("a"), _task("b", 2)], max_staleness=2)
+    finally:
+        proc.kill()  # preempted: no chance to write anything more
+        proc.wait()
+    (tmp_path / "rendezvous.json").unlink()
+    proc, _ = start_orchestrator(tmp_path, SERVICE, FIRST)
+    try:
+        with Client(tmp_path, timeout_s=10) as client:
+            assert client.status(batch)[batch].total == 5 and client.status(batch)[batch].states == {"queued": 5}
+            assert client.submit([_task("a"), _task("b", 2)]) == batch and client.run_status().total == 7
+    finally:
+        proc.kill()
+        proc.wait()
