@@ -1,10 +1,11 @@
 """Asynchronous GRPO against a running service job, in plain Python (no GPU, no real training).
 
 Each step: submit a batch of calculator tasks (several samples each) with `polar_hpc.client`,
-wait for it, follow the shards for its groups (within the staleness window), compute group-normalized advantages, "train" (a
-stand-in step that writes a new weights folder), and publish the folder as the next policy version
-with `update_weights`. Every trajectory of step N must come from version vN: the script checks it
-and exits 1 otherwise. At the end it drains the job, which then finishes.
+wait for it, follow the shards for its groups (within the staleness window), compute
+group-normalized advantages, "train" (a stand-in step that writes a new weights folder), and
+publish the folder as the next policy version with `update_weights`. Every group of step N must
+arrive, from version vN only: the script checks it and exits 1 otherwise. At the end it drains
+the job, which then finishes.
 
     polar-hpc run --service -c examples/async_grpo/topology.yaml --run-dir RUN &
     python examples/async_grpo/train.py RUN --steps 3 --work WORK
@@ -14,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 from polar_hpc.client import Client
-from polar_hpc.shards import Filter, Follower
+from polar_hpc.shards import Filter, Follower, group_advantages
 
 HERE = Path(__file__).resolve().parent
 AGENT = HERE.parent / "calculator" / "agent.py"
@@ -37,15 +37,6 @@ def tasks_for(step: int, n_tasks: int, samples: int) -> list[dict]:
             "evaluator": {"kind": "regex", "pattern": rf"\b{a * b}\b"},
         })
     return tasks
-
-
-def advantages(rewards: list[float | None], eps: float = 1e-6) -> list[float | None]:
-    scored = [r for r in rewards if r is not None]
-    if not scored:
-        return [None] * len(rewards)
-    mean = sum(scored) / len(scored)
-    std = math.sqrt(sum((r - mean) ** 2 for r in scored) / len(scored))
-    return [None if r is None else (r - mean) / (std + eps) for r in rewards]
 
 
 def train_step(work: Path, step: int, groups: list) -> Path:
@@ -71,17 +62,20 @@ def main() -> int:
     with Client(args.run_dir) as client:
         for step in range(args.steps):
             version = f"v{step}"
-            batch = client.submit(tasks_for(step, args.tasks, args.samples), max_staleness=args.max_staleness)
+            tasks = tasks_for(step, args.tasks, args.samples)
+            batch = client.submit(tasks, max_staleness=args.max_staleness)
             print(f"step {step}: batch {batch} submitted ({args.tasks} tasks x {args.samples})", flush=True)
             client.wait(batch, timeout_s=300)
             follower = Follower(args.run_dir, cursor=args.work / "trainer.cursor", group_by_task=True,
                                 filter=Filter(status="completed", weight_versions=(step - args.max_staleness, None)),
                                 poll_s=0.2, idle_timeout_s=60)
-            groups = list(follower)
+            ours = {t["id"] for t in tasks}
+            groups = [g for g in follower if g[0].task_id in ours]  # others' batches are not this step's
+            wrong += len(ours) - len(groups)  # a group that never arrived
             for group in groups:
                 versions = {v for t in group for trace in t.traces for v in trace.weight_versions}
                 wrong += versions != {version}
-                adv = [None if a is None else round(a, 3) for a in advantages([t.reward for t in group])]
+                adv = [None if a is None else round(a, 3) for a in group_advantages([t.reward for t in group])]
                 print(f"  {group[0].task_id}: rewards {[t.reward for t in group]} advantages {adv} "
                       f"versions {sorted(versions)}", flush=True)
             folder = train_step(args.work, step, groups)
@@ -89,7 +83,7 @@ def main() -> int:
             print(f"  weights {update.weight_version} on {len(update.engines)} engine(s), "
                   f"generation paused {update.pause_ms:.1f} ms", flush=True)
         client.drain()
-    print(f"done: {args.steps} steps; {wrong} group(s) with the wrong policy version", flush=True)
+    print(f"done: {args.steps} steps; {wrong} group(s) missing or with the wrong policy version", flush=True)
     return 1 if wrong else 0
 
 

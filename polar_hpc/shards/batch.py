@@ -1,4 +1,4 @@
-"""Trainer-side helpers: `Filter` trajectories, `group_by_task`, `pad_batch` into numpy arrays,
+"""Trainer-side helpers: `Filter` trajectories, `group_by_task`, `group_advantages`, `pad_batch` into numpy arrays,
 `to_torch` (torch is optional: imported only there).
 
 `pad_batch(trajectories)` makes one row per trace, the sequence `prompt_ids + response_ids`
@@ -65,6 +65,16 @@ def version_number(version: str) -> int | None:
 
 def _within(x: float, low: float | None, high: float | None) -> bool:
     return (low is None or x >= low) and (high is None or x <= high)
+
+
+def group_advantages(rewards: list[float | None], eps: float = 1e-6) -> list[float | None]:
+    """GRPO's group-normalized advantages, (reward - mean) / (std + eps); None where no reward."""
+    scored = [r for r in rewards if r is not None]
+    if not scored:
+        return [None] * len(rewards)
+    mean = sum(scored) / len(scored)
+    std = math.sqrt(sum((r - mean) ** 2 for r in scored) / len(scored))
+    return [None if r is None else (r - mean) / (std + eps) for r in rewards]
 
 
 def group_by_task(trajectories: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:
