@@ -153,6 +153,7 @@ class StatusReply(Message):
     members: list[Member] = []
     sessions_per_s: float = 0.0  # sessions ended per second over the last minute
     eta_s: float | None = None
+    versions_in_flight: dict[str, int] = {}  # running sessions by the newest weight version at their dispatch
 
 
 # --- trainers -> orchestrator of a service run ---------------------------------------------------

@@ -93,8 +93,8 @@ class Orchestrator:
         self.cancelling: set[str] = set()  # running sessions cancelled on purpose
         self.static_engines = {url: self.topology.engine.weight_version for url in engine_urls}  # url -> version
         self.weights_lock = asyncio.Lock()
-        self.policy = version_number(self.topology.engine.weight_version)  # newest version, as a number
-        self.assigned_policy: dict[str, int | None] = {}  # session -> the newest version when dispatched
+        self.policy = self.topology.engine.weight_version  # the newest weight version
+        self.assigned_policy: dict[str, str] = {}  # running session -> the newest version at its dispatch
         self.journal = Journal(run_dir)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -205,6 +205,7 @@ class Orchestrator:
             self.stopping.set()
 
     def _result(self, msg: wire.Result) -> None:
+        dispatched = self.assigned_policy.pop(msg.session_id, "")
         if msg.status == "cancelled" and msg.session_id not in self.cancelling:  # its gateway stopped under it: not the attempt that counts
             self.journal.write("interrupted", session=msg.session_id, reason="gateway stopped", shard=msg.shard)
             if not self.stopping.is_set() and self.table.sessions.get(msg.session_id) is not None:
@@ -213,7 +214,7 @@ class Orchestrator:
         s = self.table.finish(msg)
         if s is not None:  # the first result of a (task, sample): the attempt that counts
             self.ended.append(time.monotonic())
-            stale = self.batches.is_stale(s.task.id, self.assigned_policy.pop(msg.session_id, None), self.policy)
+            stale = self.batches.is_stale(s.task.id, version_number(dispatched), version_number(self.policy))
             self.journal.write(
                 "result", session=msg.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt,
                 status=msg.status, reward=msg.reward, shard=msg.shard, n_tokens=msg.n_tokens,
@@ -309,7 +310,7 @@ class Orchestrator:
                     engine.weight_version = msg.weight_version
             ok = [u for u in urls if u not in failed]
             if ok:
-                self.policy = version_number(msg.weight_version)
+                self.policy = msg.weight_version
             self.journal.write("weights", weight_version=msg.weight_version, engines=ok, errors=errors,
                                pause_ms=round(pause_ms, 3))
             log.info("weights %s on %d engines (%d failed), pause %.1f ms", msg.weight_version, len(ok), len(errors),
@@ -335,6 +336,7 @@ class Orchestrator:
         s = self.table.sessions.get(session_id)
         if s is None or s.state in FINAL:
             return
+        self.assigned_policy.pop(session_id, None)
         s = self.table.requeue(session_id)
         self.journal.write("requeued", session=s.session_id, previous=session_id, attempt=s.attempt)
         for other_id, other in self.gateways.items():
@@ -371,6 +373,7 @@ class Orchestrator:
         members += [wire.Member("gateway", g.gateway_id, g.host, True, len(g.sessions)) for g in self.gateways.values()]
         members += list(self.down.values())
         reply = self.table.status(len(self.gateways), members, rate)
+        reply.versions_in_flight = dict(Counter(self.assigned_policy.values()))
         if self.service.enabled:
             reply.done = reply.done and self.draining
         return reply

@@ -1,5 +1,6 @@
 """update_weights while 64 sessions of a service run are mid-call: no session is lost, each call
-records the version that produced it (v0 for the calls in flight, v1 for calls after)."""
+records the version that produced it (v0 for the calls in flight, v1 for calls after), and
+`polar-hpc status` shows the versions in flight."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from polar_hpc.client import Client
 from polar_hpc.shards.reader import iter_trajectories
+from tests.conftest import polar
 
 HARNESS = Path(__file__).parent / "data" / "one_call.py"
 TOPOLOGY = """
@@ -48,11 +50,15 @@ def test_update_weights_while_64_sessions_are_mid_call(tmp_path: Path) -> None:
             while _generations_begun(run_dir) < 64:  # every harness's call is decoding (24 tokens x 150 ms)
                 assert time.monotonic() < deadline, client.status(busy)
                 time.sleep(0.05)
+            assert client.run_status().versions_in_flight == {"v0": 64}
+            shown = polar("status", run_dir)
+            assert shown.returncode == 0 and "weight versions in flight: v0 64" in shown.stdout, shown.stdout
             update = client.update_weights(tmp_path / "weights-1", "v1")
             assert update.errors == [] and len(update.engines) == 1, update
             after = client.submit([_task("after", 2)])
             assert client.wait(busy, timeout_s=240).states == {"completed": 64}
             assert client.wait(after, timeout_s=120).states == {"completed": 2}
+            assert client.run_status().versions_in_flight == {}
             client.drain()
         assert job.wait(timeout=60) == 0
     finally:
