@@ -321,11 +321,11 @@ class Orchestrator:
     def _take_inbox(self) -> None:
         for path in service.inbox_files(self.run_dir):
             try:
-                data = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            except (OSError, ValueError) as e:
-                service.consume(path, f"{path}: not valid JSONL: {e}")
+                tasks = load_tasks(path)  # FILE:LINE: field errors; sandbox files relative to the inbox
+            except ConfigError as e:
+                self.journal.write("inbox", file=path.name, moved_to=str(service.consume(path, str(e))), error=str(e))
                 continue
-            answer = self._submit(f"inbox-{path.stem}", data)
+            answer = self._submit(f"inbox-{path.stem}", [t.model_dump(mode="json") for t in tasks])
             if isinstance(answer, wire.Busy):
                 return  # the file stays; it is taken once there is room
             error = answer.error if isinstance(answer, wire.Refused) else None

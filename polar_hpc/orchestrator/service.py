@@ -8,7 +8,8 @@
 - `inbox_files(run_dir)` / `consume(path)`: `<run>/inbox/*.jsonl`, oldest first. A trainer writes
   a file under another name (e.g. `.name.tmp`) and renames it into place, so a listed file is
   whole. Once its tasks are queued it is moved to `inbox/done/` (rename: a file is consumed once);
-  a file with bad tasks goes to `inbox/rejected/` with the reasons beside it in `<name>.error`.
+  a file with bad tasks goes to `inbox/rejected/` with the reasons (FILE:LINE: field) beside it in
+  `<name>.error`.
 - `update_engines(urls, path, version)`: every engine, at once: POST /pause_generation
   (`in_place`), /update_weights_from_disk (`model_path`, `weight_version`), /continue_generation
   (always, even after a failed load). Returns the longest pause and the failures.

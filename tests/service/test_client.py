@@ -105,8 +105,11 @@ def test_an_inbox_file_is_consumed_once(service_run: Path) -> None:
     settled("again.jsonl", "done")
     drop("bad.jsonl", [json.dumps(_task("i3", 2)), json.dumps({"id": "i4", "instruction": "x"})])
     settled("bad.jsonl", "rejected")
+    drop("junk.jsonl", [json.dumps(_task("i5", 1)), "{not json"])
+    settled("junk.jsonl", "rejected")
+    assert "junk.jsonl:2: not valid JSON" in (inbox / "rejected" / "junk.jsonl.error").read_text()
     error = (inbox / "rejected" / "bad.jsonl.error").read_text()
-    assert "task 1 (id 'i4'): harness" in error
+    assert "bad.jsonl:2: harness: missing required field" in error
     with Client(service_run, timeout_s=10) as client:
         assert client.status("inbox-one")["inbox-one"].total == 4
         assert client.run_status().total == 6  # 2 initial + i1, i2 once; nothing from the bad file
