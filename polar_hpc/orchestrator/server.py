@@ -16,7 +16,8 @@ Service mode (`service.enabled`): the run has no fixed task list. Trainers add b
 (SubmitTasks, or files in `<run>/inbox/`), idempotent by task id; more queued sessions than
 `service.max_queued` answer Busy and take nothing. CancelTasks cancels a batch or a task (queued
 sessions at once, running ones through their gateway). UpdateWeights makes every engine (those
-registered and those given with `--engine-url`) load new weights. The run is done only after Drain,
+registered and those given with `--engine-url`) load new weights; an engine that registers later
+with other weights (a restarted engine step) is given the newest at once. The run is done only after Drain,
 once every session has ended. A resumed service run queues again what trainers had added.
 """
 
@@ -93,6 +94,7 @@ class Orchestrator:
         self.cancelling: set[str] = set()  # running sessions cancelled on purpose
         self.static_engines = {url: self.topology.engine.weight_version for url in engine_urls}  # url -> version
         self.weights_lock = asyncio.Lock()
+        self.latest_weights: wire.UpdateWeights | None = None  # engines that register later load these
         self.policy = self.topology.engine.weight_version  # the newest weight version
         self.assigned_policy: dict[str, str] = {}  # running session -> the newest version at its dispatch
         self.journal = Journal(run_dir)
@@ -183,6 +185,9 @@ class Orchestrator:
             self.liveness.heard(identity)
             self.journal.write("engine_up", engine=msg.engine_id, url=msg.url, weight_version=msg.weight_version)
             self._relay_engines()
+            latest = self.latest_weights
+            if latest is not None and msg.weight_version != latest.weight_version:  # a restarted engine step
+                asyncio.get_running_loop().create_task(self._update_weights(None, latest, [msg.url]))
         elif isinstance(msg, wire.EngineBye):
             self._lose_engine(identity, "deregistered")
         elif isinstance(msg, wire.StatusRequest):
@@ -295,9 +300,10 @@ class Orchestrator:
                 self._send(s.gateway, wire.Cancel(session_id=s.session_id))
         return wire.Cancelled(sessions=n)
 
-    async def _update_weights(self, identity: bytes, msg: wire.UpdateWeights) -> None:
+    async def _update_weights(self, identity: bytes | None, msg: wire.UpdateWeights, only: list[str] | None = None) -> None:
+        """Every engine (or `only` these) loads the weights; the trainer that asked gets the answer."""
         async with self.weights_lock:
-            urls = sorted(set(self.static_engines) | {e.url for e in self.engines.values()})
+            urls = only or sorted(set(self.static_engines) | {e.url for e in self.engines.values()})
             self.journal.write("weights_update", path=msg.model_path, weight_version=msg.weight_version, engines=urls)
             pause_ms, errors = await service.update_engines(urls, msg.model_path, msg.weight_version,
                                                             self.service.weight_update_timeout_s)
@@ -309,14 +315,15 @@ class Orchestrator:
                 if engine.url not in failed:
                     engine.weight_version = msg.weight_version
             ok = [u for u in urls if u not in failed]
-            if ok:
-                self.policy = msg.weight_version
+            if (ok or not errors) and only is None:  # the newest weights, even with no engine up yet
+                self.policy, self.latest_weights = msg.weight_version, msg
             self.journal.write("weights", weight_version=msg.weight_version, engines=ok, errors=errors,
                                pause_ms=round(pause_ms, 3))
             log.info("weights %s on %d engines (%d failed), pause %.1f ms", msg.weight_version, len(ok), len(errors),
                      pause_ms)
-        self._send(identity, wire.WeightsUpdated(weight_version=msg.weight_version, engines=ok,
-                                                 pause_ms=pause_ms, errors=errors))
+        if identity is not None:
+            self._send(identity, wire.WeightsUpdated(weight_version=msg.weight_version, engines=ok,
+                                                     pause_ms=pause_ms, errors=errors))
 
     def _take_inbox(self) -> None:
         for path in service.inbox_files(self.run_dir):

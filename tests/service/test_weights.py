@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -131,6 +132,29 @@ def test_sessions_older_than_max_staleness_are_marked(tmp_path: Path) -> None:
         assert {e["task"]: e.get("stale", False) for e in journal if e["event"] == "result"} == {"a": True, "b": False}
     finally:
         gateway.close()
+        for proc in (engine, orchestrator):
+            proc.kill()
+            proc.wait()
+
+
+def test_an_engine_that_registers_later_gets_the_newest_weights(tmp_path: Path) -> None:
+    engine, url = _start_engine(tmp_path)
+    orchestrator, endpoint = start_orchestrator(tmp_path, "service:\n  enabled: true\n", None)
+    step = zmq.Context.instance().socket(zmq.DEALER)
+    step.setsockopt(zmq.LINGER, 0)
+    try:
+        with Client(tmp_path, timeout_s=30) as client:
+            assert client.update_weights(tmp_path / "w3", "v3").engines == []  # nobody to load them yet
+            step.connect(endpoint)  # an engine step (re)starts with the topology's weights, v0
+            step.send(wire.encode(wire.EngineHello(engine_id="e0", url=url, weight_version="v0", host="h")))
+            deadline = time.monotonic() + 10
+            while "weights v3" not in {m.name: m.detail for m in client.run_status().members}.get("e0", ""):
+                assert time.monotonic() < deadline, client.run_status().members
+                time.sleep(0.05)
+        info = json.loads(urllib.request.urlopen(f"{url}/get_model_info", timeout=10).read())
+        assert info["weight_version"] == "v3"
+    finally:
+        step.close()
         for proc in (engine, orchestrator):
             proc.kill()
             proc.wait()
