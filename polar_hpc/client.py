@@ -12,8 +12,10 @@ One request at a time, each answered by the orchestrator:
   `max_staleness=k`: a session that ends more than k policy versions after the one it was
   dispatched under is marked stale (journal; `BatchState.stale`); read with
   `Filter(weight_versions=(newest - k, None))` to keep only trajectories within the window.
-- `status(batch_id=None)`: {batch: BatchState(states, total, done)}; `cancel(batch_id=... | task_id=...)`
-  -> sessions cancelled; `wait(batch_id)` polls until every session of the batch has ended.
+- `status(batch_id=None)`: {batch: BatchState(states, total, done, stale)}; `run_status()`: the
+  run's StatusReply (engines with their weight versions, versions in flight);
+  `cancel(batch_id=... | task_id=...)` -> sessions cancelled; `wait(batch_id)` polls until every
+  session of the batch has ended.
 - `update_weights(path, version)`: every engine pauses, loads `path` as `version`, continues;
   returns WeightsUpdated (engines, longest pause, failures; RuntimeError if every engine failed).
 - `drain()`: no more tasks; the run ends once every session has ended.
