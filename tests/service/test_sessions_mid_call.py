@@ -1,6 +1,7 @@
 """update_weights while 64 sessions of a service run are mid-call: no session is lost, each call
 records the version that produced it (v0 for the calls in flight, v1 for calls after), and
-`polar-hpc status` shows the versions in flight."""
+`polar-hpc status` shows the versions in flight. Cancelling a running batch ends its sessions
+`cancelled`, their trajectories written."""
 
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ def test_update_weights_while_64_sessions_are_mid_call(tmp_path: Path) -> None:
             assert client.wait(busy, timeout_s=240).states == {"completed": 64}
             assert client.wait(after, timeout_s=120).states == {"completed": 2}
             assert client.run_status().versions_in_flight == {}
+            doomed = client.submit([_task("doomed", 2)])
+            while client.status(doomed)[doomed].states.get("RUN", 0) < 2:
+                assert time.monotonic() < deadline + 120, client.status(doomed)
+                time.sleep(0.05)
+            assert client.cancel(batch_id=doomed) == 2  # running: cancelled through the gateway
+            assert client.wait(doomed, timeout_s=60).states == {"cancelled": 2}
             client.drain()
         assert job.wait(timeout=60) == 0
     finally:
@@ -66,7 +73,9 @@ def test_update_weights_while_64_sessions_are_mid_call(tmp_path: Path) -> None:
             job.kill()
             job.wait()
     versions: dict[str, list[str]] = {"busy": [], "after": []}
-    for traj in iter_trajectories(run_dir):
+    every = list(iter_trajectories(run_dir))
+    assert sorted(t.status for t in every if t.task_id == "doomed") == ["cancelled", "cancelled"]
+    for traj in (t for t in every if t.task_id != "doomed"):
         assert traj.status == "completed" and len(traj.traces) == 1 and len(traj.traces[0].weight_versions) == 1
         versions[traj.task_id] += traj.traces[0].weight_versions
     assert len(versions["busy"]) == 64 and versions["after"] == ["v1", "v1"]
