@@ -12,19 +12,9 @@ Stops when the run is complete.
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
-from polar_hpc.shards import Filter, Follower, pad_batch, to_torch
-
-
-def advantages(rewards: list[float | None], eps: float = 1e-6) -> list[float | None]:
-    scored = [r for r in rewards if r is not None]
-    if not scored:
-        return [None] * len(rewards)
-    mean = sum(scored) / len(scored)
-    std = math.sqrt(sum((r - mean) ** 2 for r in scored) / len(scored))
-    return [None if r is None else (r - mean) / (std + eps) for r in rewards]
+from polar_hpc.shards import Filter, Follower, group_advantages, pad_batch, to_torch
 
 
 def main() -> None:
@@ -39,7 +29,7 @@ def main() -> None:
                         filter=Filter(status="completed"), poll_s=0.5, idle_timeout_s=args.idle_timeout)
     pending, steps = [], 0
     for group in follower:
-        adv = advantages([t.reward for t in group])
+        adv = group_advantages([t.reward for t in group])
         print(f"task {group[0].task_id}: samples {[t.sample_index for t in group]}, "
               f"rewards {[t.reward for t in group]}, advantages {[None if a is None else round(a, 3) for a in adv]}")
         pending.append(group)

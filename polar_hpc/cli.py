@@ -41,9 +41,14 @@ def _guard(fn, failures: tuple[type[Exception], ...] = ()):
 
 @app.command()
 def run(
-    tasks: Path = typer.Argument(..., help="Task file: one YAML task (or a list), or JSONL, one task per line."),
+    tasks: Optional[Path] = typer.Argument(
+        None, help="Task file: one YAML task (or a list), or JSONL, one task per line (optional with --service)."
+    ),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="topology.yaml (default: built-in)."),
     run_dir: Optional[Path] = typer.Option(None, help="Where the run's files go (default: a new folder under ./runs/)."),
+    service: bool = typer.Option(
+        False, "--service", help="Keep running for trainers (polar_hpc.client) until one drains the run."
+    ),
 ) -> None:
     """Run a job on this machine: scripted engine, orchestrator, one gateway with its proxy."""
     from rich.console import Console
@@ -51,7 +56,8 @@ def run(
     from polar_hpc import procs
     from polar_hpc.launch.local import LocalRun, run_local
 
-    raise typer.Exit(_guard(lambda: run_local(LocalRun(tasks, config, run_dir), Console()), (procs.ChildFailed,)))
+    spec = LocalRun(tasks, config, run_dir, service)
+    raise typer.Exit(_guard(lambda: run_local(spec, Console()), (procs.ChildFailed,)))
 
 
 @app.command()
@@ -60,11 +66,14 @@ def orchestrator(
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
     advertise: Optional[str] = typer.Option(None, help="Host name peers connect to (default: --host)."),
+    engine_url: list[str] = typer.Option(
+        [], help="An engine that does not register itself (weight updates reach it too); repeatable."
+    ),
 ) -> None:
     """Run the orchestrator of a run (started for you by `run` and `submit`)."""
     from polar_hpc.orchestrator.server import serve
 
-    raise typer.Exit(_guard(lambda: serve(run_dir, host, port, advertise)))
+    raise typer.Exit(_guard(lambda: serve(run_dir, host, port, advertise, tuple(engine_url))))
 
 
 @app.command()
@@ -113,7 +122,9 @@ def proxy(
 @app.command()
 def submit(
     config: Path = typer.Option(..., "--config", "-c", help="topology.yaml (with a `slurm:` section)."),
-    tasks: Path = typer.Option(..., "--tasks", help="Task file: YAML (one or a list) or JSONL."),
+    tasks: Optional[Path] = typer.Option(
+        None, "--tasks", help="Task file: YAML (one or a list) or JSONL (optional when service.enabled)."
+    ),
     run_dir: Optional[Path] = typer.Option(None, help="Run directory on the shared filesystem (default: ./runs/...)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script; submit nothing."),
 ) -> None:
@@ -122,10 +133,11 @@ def submit(
 
     def go() -> None:
         if dry_run:
-            from polar_hpc.config import load_tasks, load_topology
+            from polar_hpc.config import load_topology
+            from polar_hpc.launch.rundir import load_run_tasks
 
-            load_tasks(tasks)
             topology = load_topology(config)
+            load_run_tasks(tasks, topology)
             target = (run_dir or Path(topology.run_dir or "runs/DRY-RUN")).resolve()
             typer.echo(slurm.dry_run(topology, target), nl=False)
             return
@@ -138,7 +150,9 @@ def submit(
 @app.command("sbatch")
 def sbatch_script(
     config: Path = typer.Option(..., "--config", "-c", help="topology.yaml (with a `slurm:` section)."),
-    tasks: Path = typer.Option(..., "--tasks", help="Task file: YAML (one or a list) or JSONL."),
+    tasks: Optional[Path] = typer.Option(
+        None, "--tasks", help="Task file: YAML (one or a list) or JSONL (optional when service.enabled)."
+    ),
     run_dir: Optional[Path] = typer.Option(None, help="Run directory on the shared filesystem (default: ./runs/...)."),
 ) -> None:
     """Prepare a run directory and print the same job as a plain sbatch script (submit it yourself)."""

@@ -113,6 +113,12 @@ class SlurmConfig(_Model):
     extra_sbatch: list[str] = []  # more job-wide sbatch flags, e.g. ["--mail-type=END"]
 
 
+class ServiceConfig(_Model):
+    enabled: bool = False  # trainers add tasks while the run goes (polar_hpc.client); it ends on drain
+    max_queued: int = Field(4096, ge=1)  # queued sessions beyond this answer `busy`
+    weight_update_timeout_s: float = Field(600.0, gt=0)  # per engine: pause, load, continue
+
+
 class Topology(_Model):
     run_dir: str | None = None
     engine: EngineConfig = EngineConfig()
@@ -120,6 +126,7 @@ class Topology(_Model):
     proxy: ProxyConfig = ProxyConfig()
     sandbox: SandboxConfig = SandboxConfig()
     slurm: SlurmConfig = SlurmConfig()
+    service: ServiceConfig = ServiceConfig()
 
 
 # --- tasks ----------------------------------------------------------------------------------------

@@ -10,6 +10,9 @@ shard records). Links:
   its proxy (the URL list a proxy routes over).
 - client (CLI, launcher, trainer) -> orchestrator (DEALER -> ROUTER): StatusRequest -> StatusReply,
   Shutdown.
+- trainer (polar_hpc.client) -> orchestrator of a service run (DEALER -> ROUTER): SubmitTasks ->
+  Submitted | Busy | Refused, BatchStatusRequest -> BatchStatus, CancelTasks -> Cancelled,
+  UpdateWeights -> WeightsUpdated, Drain -> StatusReply.
 - proxy <-> gateway (DEALER -> ROUTER over ipc): ProxyHello, OpenSession -> SessionOpened,
   CloseSession -> SessionClosed, CallRecord, Heartbeat, Engines.
 
@@ -150,6 +153,82 @@ class StatusReply(Message):
     members: list[Member] = []
     sessions_per_s: float = 0.0  # sessions ended per second over the last minute
     eta_s: float | None = None
+    versions_in_flight: dict[str, int] = {}  # running sessions by the newest weight version at their dispatch
+
+
+# --- trainers -> orchestrator of a service run ---------------------------------------------------
+
+
+class SubmitTasks(Message):
+    """Add `tasks` (config.Task as plain data) as batch `batch_id`; ids the run has are not redone."""
+
+    batch_id: str
+    tasks: list[dict[str, Any]]
+    max_staleness: int | None = None  # versions a trajectory may lag the newest policy; older: `stale`
+
+
+class Submitted(Message):
+    batch_id: str
+    added: list[str]  # task ids queued now
+    known: list[str]  # task ids the run already had: not added again
+
+
+class Busy(Message):
+    """The queue is full: nothing of the request was taken; send it again after `retry_after_s`."""
+
+    queued: int
+    max_queued: int
+    retry_after_s: float
+
+
+class Refused(Message):
+    """The request cannot be served as it is (bad tasks, not a service run, draining)."""
+
+    error: str
+
+
+class BatchStatusRequest(Message):
+    batch_id: str | None = None  # None: every batch
+
+
+class BatchState(msgspec.Struct):
+    states: dict[str, int]  # sessions by state
+    total: int
+    done: bool
+    stale: int = 0  # ended sessions marked stale (see SubmitTasks.max_staleness)
+
+
+class BatchStatus(Message):
+    batches: dict[str, BatchState]
+
+
+class CancelTasks(Message):
+    """Cancel every unfinished session of a batch or of one task."""
+
+    batch_id: str | None = None
+    task_id: str | None = None
+
+
+class Cancelled(Message):
+    sessions: int  # sessions cancelled by this request
+
+
+class UpdateWeights(Message):
+    """Every engine loads the weights in `model_path` as `weight_version` (pause, load, continue)."""
+
+    model_path: str
+    weight_version: str
+
+
+class WeightsUpdated(Message):
+    weight_version: str
+    engines: list[str]  # engine URLs now serving the version
+    pause_ms: float  # longest time an engine held generation
+    errors: list[str] = []  # engines that failed, with why
+
+
+class Drain(Message):
+    """Accept no more tasks; the run ends once every session has ended."""
 
 
 # --- proxy <-> gateway ----------------------------------------------------------------------------
@@ -222,6 +301,17 @@ AnyMessage = Union[
     Engines,
     StatusRequest,
     StatusReply,
+    SubmitTasks,
+    Submitted,
+    Busy,
+    Refused,
+    BatchStatusRequest,
+    BatchStatus,
+    CancelTasks,
+    Cancelled,
+    UpdateWeights,
+    WeightsUpdated,
+    Drain,
     ProxyHello,
     OpenSession,
     SessionOpened,

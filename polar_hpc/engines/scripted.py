@@ -6,7 +6,8 @@ byte-level BPE with a ChatML template (`chat_format.py`), logprobs from a hash.
 
 Routes: POST /generate (SGLang native, streaming or not), POST /v1/chat/completions (OpenAI Chat
 with tools, logprobs and SGLang's `return_token_ids`; in `scripted_chat.py`), GET /health,
-GET /get_model_info, GET /v1/models. `serve(options)` blocks: it listens (port 0: a free port),
+GET /get_model_info, GET /v1/models, and SGLang's weight-update routes (/pause_generation,
+/update_weights_from_disk, /continue_generation; in `scripted_weights.py`). `serve(options)` blocks: it listens (port 0: a free port),
 writes `{"url": ...}` to the ready file atomically, and returns after SIGTERM/SIGINT. A bad rules
 file raises ConfigError before anything listens.
 """
@@ -34,6 +35,8 @@ from polar_hpc.engines.scripted_http import (
     MODEL, get_bool, get_int, get_stop, json_errors, pace, read_json, sse,
 )
 from polar_hpc.engines.scripted_model import BadRequest, Generation, SamplingParams, ScriptedModel
+from polar_hpc.engines.scripted_weights import add_routes as add_weight_routes
+from polar_hpc.engines.scripted_weights import generation_gate
 
 
 @dataclass(frozen=True)
@@ -63,13 +66,14 @@ def serve(options: ScriptedOptions) -> None:
 
 
 def build_app(model: ScriptedModel) -> web.Application:
-    app = web.Application(middlewares=[json_errors], client_max_size=64 * 2**20)
+    app = web.Application(middlewares=[json_errors, generation_gate], client_max_size=64 * 2**20)
     app[MODEL] = model
     app.router.add_get("/health", health)
     app.router.add_get("/get_model_info", model_info)
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/generate", generate)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    add_weight_routes(app)
     return app
 
 

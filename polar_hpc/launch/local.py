@@ -3,7 +3,8 @@
 Validates the task file and topology first (nothing is started on bad input), lays out the run
 directory, starts the scripted engine, the orchestrator and one gateway (which starts its proxy),
 shows sessions moving through the pipeline, and when every session has ended shuts the processes
-down and prints a summary read back from the shards. Ctrl-C stops every process; sessions that were
+down and prints a summary read back from the shards. With `--service` (or `service.enabled`) the run
+starts with no tasks (or the file's) and goes on until a trainer drains it (docs/service.md). Ctrl-C stops every process; sessions that were
 running are written as `cancelled`, so nothing captured is lost.
 """
 
@@ -31,20 +32,23 @@ class LocalRun:
     tasks_path: Path
     topology_path: Path | None
     run_dir: Path | None
+    service: bool = False  # trainers feed the run (polar_hpc.client); it ends when one drains it
 
 
 def run_local(spec: LocalRun, console: Console) -> int:
     if load_topology(spec.topology_path).engine.kind != "scripted":
         raise ConfigError(f"{spec.topology_path}: engine.kind: 'polar-hpc run' runs the scripted engine only")
-    run_dir, tasks, topology = prepare(spec.tasks_path, spec.topology_path, spec.run_dir)
+    run_dir, tasks, topology = prepare(spec.tasks_path, spec.topology_path, spec.run_dir, spec.service)
     t0 = time.monotonic()
     children: list[procs.Child] = []
     interrupted = False
     try:
         engine_url = _start_engine(run_dir, topology, children)
-        endpoint = _start_orchestrator(run_dir, children)
+        endpoint = _start_orchestrator(run_dir, children, engine_url)
         args = ["gateway", "--run-dir", str(run_dir), "--orchestrator", endpoint, "--engine-url", engine_url]
         children.append(procs.spawn("gateway", args + ["--gateway-id", "local0"], run_dir / "logs" / "gateway-local.log"))
+        if topology.service.enabled:
+            console.print(f"service run in {run_dir}: trainers connect with polar_hpc.client.Client(run_dir)")
         _follow(endpoint, children, sum(t.num_samples for t in tasks), console)
     except KeyboardInterrupt:
         interrupted = True
@@ -69,9 +73,10 @@ def _start_engine(run_dir: Path, topology: Topology, children: list) -> str:
     return procs.wait_ready(children[-1], ready)["url"]
 
 
-def _start_orchestrator(run_dir: Path, children: list) -> str:
+def _start_orchestrator(run_dir: Path, children: list, engine_url: str) -> str:
     log = run_dir / "logs" / "orchestrator.log"
-    children.append(procs.spawn("orchestrator", ["orchestrator", "--run-dir", str(run_dir)], log))
+    args = ["orchestrator", "--run-dir", str(run_dir), "--engine-url", engine_url]
+    children.append(procs.spawn("orchestrator", args, log))
     return procs.wait_ready(children[-1], run_dir / "rendezvous.json")["endpoint"]
 
 
@@ -90,7 +95,7 @@ def _follow(endpoint: str, children: list[procs.Child], total: int, console: Con
                 status = _status(sock, children)
                 ended = status.total - sum(status.states.get(s, 0) for s in STAGES + ("assigned",))
                 stages = "  ".join(f"{s} {status.states.get(s, 0)}" for s in STAGES[1:])
-                progress.update(bar, completed=ended, stages=stages)
+                progress.update(bar, total=max(total, status.total), completed=ended, stages=stages)
                 if status.done:
                     break
                 time.sleep(0.2)

@@ -2,7 +2,7 @@
 
 `prepare(tasks_path, topology_path, run_dir)` validates both files first (ConfigError on bad
 input, nothing created), then makes `<run>/` (mode 0700) with logs/, shards/, journal/,
-`tasks.jsonl` and `topology.yaml`. The default folder is `./runs/<time>-<name>`; a folder that
+`tasks.jsonl` and `topology.yaml` (a service run: inbox/ too, and the task file is optional). The default folder is `./runs/<time>-<name>`; a folder that
 already holds a run is refused.
 """
 
@@ -16,15 +16,18 @@ import yaml
 from polar_hpc.config import ConfigError, Task, Topology, load_tasks, load_topology
 
 
-def prepare(tasks_path: Path, topology_path: Path | None, run_dir: Path | None) -> tuple[Path, list[Task], Topology]:
-    tasks = load_tasks(tasks_path)
+def prepare(tasks_path: Path | None, topology_path: Path | None, run_dir: Path | None,
+            service: bool = False) -> tuple[Path, list[Task], Topology]:
     topology = load_topology(topology_path)
-    name = tasks[0].id if len(tasks) == 1 else tasks_path.stem
+    if service:
+        topology = topology.model_copy(update={"service": topology.service.model_copy(update={"enabled": True})})
+    tasks = load_run_tasks(tasks_path, topology)
+    name = "service" if tasks_path is None else tasks[0].id if len(tasks) == 1 else tasks_path.stem
     chosen = run_dir or (Path(topology.run_dir) if topology.run_dir else None)
     run_dir = (chosen or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}").resolve()
     if (run_dir / "tasks.jsonl").exists():
         raise ConfigError(f"--run-dir {run_dir}: already holds a run; choose a new folder")
-    for sub in ("logs", "shards", "journal"):
+    for sub in ("logs", "shards", "journal") + (("inbox",) if topology.service.enabled else ()):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     run_dir.chmod(0o700)
     if topology.engine.script and topology_path is not None:  # resolved against the topology file
@@ -35,3 +38,13 @@ def prepare(tasks_path: Path, topology_path: Path | None, run_dir: Path | None) 
         yaml.safe_dump(topology.model_dump(mode="json") | {"run_dir": str(run_dir)}, sort_keys=False)
     )
     return run_dir, tasks, topology
+
+
+def load_run_tasks(tasks_path: Path | None, topology: Topology) -> list[Task]:
+    """The run's tasks; only a service run may start without a task file."""
+    if tasks_path is None:
+        if not topology.service.enabled:
+            raise ConfigError("no task file given; only a service run (service.enabled, or `run --service`) "
+                              "may start without one")
+        return []
+    return load_tasks(tasks_path)

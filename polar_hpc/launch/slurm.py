@@ -123,13 +123,13 @@ def render_sbatch(topology: Topology, run_dir: Path) -> str:
     )
 
 
-def prepare_run(tasks_path: Path, topology_path: Path | None, run_dir: Path | None) -> tuple[Path, Topology]:
+def prepare_run(tasks_path: Path | None, topology_path: Path | None, run_dir: Path | None) -> tuple[Path, Topology]:
     run_dir, _, topology = prepare(tasks_path, topology_path, run_dir)
     security.create_keys(run_dir)
     return run_dir, topology
 
 
-def submit(tasks_path: Path, topology_path: Path | None, run_dir: Path | None) -> tuple[str, Path]:
+def submit(tasks_path: Path | None, topology_path: Path | None, run_dir: Path | None) -> tuple[str, Path]:
     """Submit the run; a job Slurm refuses leaves no run directory behind (ConfigError)."""
     if shutil.which("sbatch") is None:
         raise ConfigError("submit: no `sbatch` here; run it on a Slurm login node (or --dry-run, or polar-hpc run)")

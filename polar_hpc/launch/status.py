@@ -69,6 +69,8 @@ def show(target: str, console: Console) -> None:
     console.print(table)
     eta = f"{reply.eta_s:.0f}s" if reply.eta_s is not None else "-"
     console.print(f"sessions {reply.total}: {_states(reply.states)}")
+    if reply.versions_in_flight:
+        console.print(f"weight versions in flight: {_states(reply.versions_in_flight)}")
     console.print(f"throughput {reply.sessions_per_s * 60:.1f} sessions/min, ETA {eta}, tokens {reply.tokens}")
 
 

@@ -8,7 +8,8 @@ attempt that counts; any other trajectory a gateway wrote for that key is a stra
 A `cancelled` result only counts when the session was cancelled on purpose; a session cut short
 because its gateway stopped is journaled as `interrupted` and runs again. `replay` reads the
 journal back when a requeued job starts again (`resumed`): keys with a result are not redone,
-the others are queued again with a higher attempt number.
+the others are queued again with a higher attempt number. A service run also journals each task
+a trainer added (`submitted`, with its batch) and `drain`; `service_events` reads them back.
 """
 
 from __future__ import annotations
@@ -55,6 +56,23 @@ def replay(run_dir: Path) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, 
         if event.get("event") == "result":
             results.setdefault(key[:2], event)
     return results, attempts
+
+
+def service_events(run_dir: Path) -> tuple[list[dict], bool]:
+    """A service run's earlier life: its `submitted` events (batch, task, max_staleness) in order,
+    and whether it was draining."""
+    path = run_dir / "journal" / "orchestrator.jsonl"
+    submitted, drained = [], False
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if event.get("event") == "submitted":
+                submitted.append(event)
+            drained = drained or event.get("event") == "drain"
+    return submitted, drained
 
 
 def _last_byte(path: Path) -> bytes:

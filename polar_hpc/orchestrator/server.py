@@ -11,6 +11,14 @@ When the journal already holds an earlier life of the run (a requeued job), it r
 (task, sample) keys are not redone, the others run again as new attempts. On SIGTERM it marks the
 sessions in flight `interrupted` in the journal, stops the gateways and exits. A client's Shutdown
 stops the gateways and then the orchestrator.
+
+Service mode (`service.enabled`): the run has no fixed task list. Trainers add batches
+(SubmitTasks, or files in `<run>/inbox/`), idempotent by task id; more queued sessions than
+`service.max_queued` answer Busy and take nothing. CancelTasks cancels a batch or a task (queued
+sessions at once, running ones through their gateway). UpdateWeights makes every engine (those
+registered and those given with `--engine-url`) load new weights; an engine that registers later
+with other weights (a restarted engine step) is given the newest at once. The run is done only after Drain,
+once every session has ended. A resumed service run queues again what trainers had added.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import logging
 import os
 import signal
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,8 +37,10 @@ import zmq
 import zmq.asyncio
 
 from polar_hpc import security, wire
-from polar_hpc.config import load_tasks, load_topology
-from polar_hpc.orchestrator.journal import Journal, replay
+from polar_hpc.config import ConfigError, Task, load_tasks, load_topology
+from polar_hpc.orchestrator import service
+from polar_hpc.orchestrator.journal import Journal, replay, service_events
+from polar_hpc.shards.batch import version_number
 from polar_hpc.orchestrator.sessions import FINAL, SessionTable
 
 log = logging.getLogger("polar_hpc.orchestrator")
@@ -44,11 +54,12 @@ class _Gateway:
     sessions: set[str] = field(default_factory=set)
 
 
-def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None) -> int:
+def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
+          engine_urls: tuple[str, ...] = ()) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     async def main() -> int:  # built inside the loop: the CURVE authenticator runs on it
-        return await Orchestrator(run_dir, host, port, advertise).run()
+        return await Orchestrator(run_dir, host, port, advertise, engine_urls).run()
 
     return asyncio.run(main())
 
@@ -63,12 +74,29 @@ def write_rendezvous(run_dir: Path, info: dict) -> None:
 
 
 class Orchestrator:
-    def __init__(self, run_dir: Path, host: str, port: int, advertise: str | None = None) -> None:
+    def __init__(self, run_dir: Path, host: str, port: int, advertise: str | None = None,
+                 engine_urls: tuple[str, ...] = ()) -> None:
         self.run_dir = run_dir
         self.topology = load_topology(run_dir / "topology.yaml")
+        self.service = self.topology.service
         self.done, attempts = replay(run_dir)
         self.resumed = bool(attempts)
-        self.table = SessionTable.from_tasks(load_tasks(run_dir / "tasks.jsonl"), self.done, attempts)
+        tasks_path = run_dir / "tasks.jsonl"
+        empty = self.service.enabled and (not tasks_path.exists() or not tasks_path.read_text().strip())
+        tasks = [] if empty else load_tasks(tasks_path)
+        submitted, self.draining = service_events(run_dir) if self.service.enabled else ([], False)
+        added = [Task.model_validate(e["task"]) for e in submitted]  # by trainers, in an earlier life
+        self.table = SessionTable.from_tasks(tasks + added, self.done, attempts)
+        self.batches = service.Batches()
+        self.batches.add("initial", [t.id for t in tasks])
+        for event, task in zip(submitted, added):
+            self.batches.add(event["batch"], [task.id], event.get("max_staleness"))
+        self.cancelling: set[str] = set()  # running sessions cancelled on purpose
+        self.static_engines = {url: self.topology.engine.weight_version for url in engine_urls}  # url -> version
+        self.weights_lock = asyncio.Lock()
+        self.latest_weights: wire.UpdateWeights | None = None  # engines that register later load these
+        self.policy = self.topology.engine.weight_version  # the newest weight version
+        self.assigned_policy: dict[str, str] = {}  # running session -> the newest version at its dispatch
         self.journal = Journal(run_dir)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -157,9 +185,24 @@ class Orchestrator:
             self.liveness.heard(identity)
             self.journal.write("engine_up", engine=msg.engine_id, url=msg.url, weight_version=msg.weight_version)
             self._relay_engines()
+            latest = self.latest_weights
+            if latest is not None and msg.weight_version != latest.weight_version:  # a restarted engine step
+                asyncio.get_running_loop().create_task(self._update_weights(None, latest, [msg.url]))
         elif isinstance(msg, wire.EngineBye):
             self._lose_engine(identity, "deregistered")
         elif isinstance(msg, wire.StatusRequest):
+            self._send(identity, self._status())
+        elif isinstance(msg, wire.SubmitTasks):
+            self._send(identity, self._submit(msg.batch_id, msg.tasks, msg.max_staleness))
+        elif isinstance(msg, wire.BatchStatusRequest):
+            self._send(identity, self._batch_status(msg.batch_id))
+        elif isinstance(msg, wire.CancelTasks):
+            self._send(identity, self._cancel(msg))
+        elif isinstance(msg, wire.UpdateWeights):
+            asyncio.get_running_loop().create_task(self._update_weights(identity, msg))
+        elif isinstance(msg, wire.Drain):
+            self.draining = True
+            self.journal.write("drain")
             self._send(identity, self._status())
         elif isinstance(msg, wire.Shutdown):
             log.info("shutdown requested by a client: %s", msg.reason)
@@ -167,7 +210,8 @@ class Orchestrator:
             self.stopping.set()
 
     def _result(self, msg: wire.Result) -> None:
-        if msg.status == "cancelled":  # its gateway stopped under it: not the attempt that counts
+        dispatched = self.assigned_policy.pop(msg.session_id, "")
+        if msg.status == "cancelled" and msg.session_id not in self.cancelling:  # its gateway stopped under it: not the attempt that counts
             self.journal.write("interrupted", session=msg.session_id, reason="gateway stopped", shard=msg.shard)
             if not self.stopping.is_set() and self.table.sessions.get(msg.session_id) is not None:
                 self._requeue(msg.session_id)
@@ -175,15 +219,131 @@ class Orchestrator:
         s = self.table.finish(msg)
         if s is not None:  # the first result of a (task, sample): the attempt that counts
             self.ended.append(time.monotonic())
+            stale = self.batches.is_stale(s.task.id, version_number(dispatched), version_number(self.policy))
             self.journal.write(
                 "result", session=msg.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt,
                 status=msg.status, reward=msg.reward, shard=msg.shard, n_tokens=msg.n_tokens,
+                **({"stale": True} if stale else {}),
             )
+
+    # --- service mode -------------------------------------------------------------------------
+
+    def _submit(self, batch_id: str, data: list[dict], max_staleness: int | None = None) -> wire.Message:
+        if not self.service.enabled:
+            return wire.Refused(error="this run is not a service run (set service.enabled in its topology)")
+        if self.draining:
+            return wire.Refused(error="the run is draining: it takes no more tasks")
+        try:
+            tasks = service.validate(data)
+        except ConfigError as e:
+            return wire.Refused(error=str(e))
+        new = [t for t in tasks if t.id not in self.batches.batch_of]
+        sessions = sum(t.num_samples for t in new)
+        if sessions > self.service.max_queued:
+            return wire.Refused(error=f"batch {batch_id}: {sessions} sessions can never fit service.max_queued "
+                                      f"= {self.service.max_queued}; split it")
+        if new and len(self.table.queue) + sessions > self.service.max_queued:
+            return wire.Busy(queued=len(self.table.queue), max_queued=self.service.max_queued,
+                             retry_after_s=self._retry_after(sessions))
+        if max_staleness is not None and max_staleness < 0:
+            return wire.Refused(error=f"batch {batch_id}: max_staleness must be >= 0, not {max_staleness}")
+        added, known = self.batches.add(batch_id, [t.id for t in tasks], max_staleness)
+        for task in new:
+            self.journal.write("submitted", batch=batch_id, task=task.model_dump(mode="json"),
+                               max_staleness=max_staleness)
+            for s in self.table.add(task):
+                self.journal.write("queued", session=s.session_id, task=task.id, sample=s.sample_index,
+                                   attempt=s.attempt)
+        for identity, gw in self.gateways.items():
+            self._dispatch(identity, gw)
+        return wire.Submitted(batch_id=batch_id, added=added, known=known)
+
+    def _retry_after(self, sessions: int) -> float:
+        """Time until `sessions` places free up at the recent rate (0.5 s to 30 s)."""
+        rate = len(self.ended) / 60 if self.ended else 0.0
+        excess = len(self.table.queue) + sessions - self.service.max_queued
+        return min(30.0, max(0.5, excess / rate if rate > 0 else 5.0))
+
+    def _batch_status(self, batch_id: str | None) -> wire.Message:
+        if batch_id is not None and batch_id not in self.batches.tasks:
+            return wire.Refused(error=f"no batch {batch_id!r} in this run")
+        chosen = [batch_id] if batch_id is not None else list(self.batches.tasks)
+        by_task: dict[str, list[str]] = {}
+        for s in self.table.sessions.values():
+            by_task.setdefault(s.task.id, []).append(s.state)
+        batches = {}
+        for b in chosen:
+            states = [state for tid in self.batches.tasks[b] for state in by_task.get(tid, [])]
+            batches[b] = wire.BatchState(states=dict(Counter(states)), total=len(states),
+                                         done=all(state in FINAL for state in states), stale=self.batches.stale[b])
+        return wire.BatchStatus(batches=batches)
+
+    def _cancel(self, msg: wire.CancelTasks) -> wire.Message:
+        if msg.task_id is not None:
+            if msg.task_id not in self.batches.batch_of:
+                return wire.Refused(error=f"no task {msg.task_id!r} in this run")
+            task_ids = {msg.task_id}
+        elif msg.batch_id in self.batches.tasks:
+            task_ids = set(self.batches.tasks[msg.batch_id])
+        else:
+            return wire.Refused(error=f"no batch {msg.batch_id!r} in this run")
+        n = 0
+        for s in list(self.table.sessions.values()):
+            if s.task.id not in task_ids or s.state in FINAL:
+                continue
+            n += 1
+            if self.table.cancel_queued(s.session_id) is not None:
+                self.journal.write("result", session=s.session_id, task=s.task.id, sample=s.sample_index,
+                                   attempt=s.attempt, status="cancelled", reward=None, shard="", n_tokens=0)
+            elif s.gateway is not None and s.session_id not in self.cancelling:
+                self.cancelling.add(s.session_id)
+                self._send(s.gateway, wire.Cancel(session_id=s.session_id))
+        return wire.Cancelled(sessions=n)
+
+    async def _update_weights(self, identity: bytes | None, msg: wire.UpdateWeights, only: list[str] | None = None) -> None:
+        """Every engine (or `only` these) loads the weights; the trainer that asked gets the answer."""
+        async with self.weights_lock:
+            urls = only or sorted(set(self.static_engines) | {e.url for e in self.engines.values()})
+            self.journal.write("weights_update", path=msg.model_path, weight_version=msg.weight_version, engines=urls)
+            pause_ms, errors = await service.update_engines(urls, msg.model_path, msg.weight_version,
+                                                            self.service.weight_update_timeout_s)
+            failed = {e.split(": ", 1)[0] for e in errors}
+            for url in self.static_engines:
+                if url not in failed:
+                    self.static_engines[url] = msg.weight_version
+            for engine in self.engines.values():
+                if engine.url not in failed:
+                    engine.weight_version = msg.weight_version
+            ok = [u for u in urls if u not in failed]
+            if (ok or not errors) and only is None:  # the newest weights, even with no engine up yet
+                self.policy, self.latest_weights = msg.weight_version, msg
+            self.journal.write("weights", weight_version=msg.weight_version, engines=ok, errors=errors,
+                               pause_ms=round(pause_ms, 3))
+            log.info("weights %s on %d engines (%d failed), pause %.1f ms", msg.weight_version, len(ok), len(errors),
+                     pause_ms)
+        if identity is not None:
+            self._send(identity, wire.WeightsUpdated(weight_version=msg.weight_version, engines=ok,
+                                                     pause_ms=pause_ms, errors=errors))
+
+    def _take_inbox(self) -> None:
+        for path in service.inbox_files(self.run_dir):
+            try:
+                tasks = load_tasks(path)  # FILE:LINE: field errors; sandbox files relative to the inbox
+            except ConfigError as e:
+                self.journal.write("inbox", file=path.name, moved_to=str(service.consume(path, str(e))), error=str(e))
+                continue
+            answer = self._submit(f"inbox-{path.stem}", [t.model_dump(mode="json") for t in tasks])
+            if isinstance(answer, wire.Busy):
+                return  # the file stays; it is taken once there is room
+            error = answer.error if isinstance(answer, wire.Refused) else None
+            target = service.consume(path, error)
+            self.journal.write("inbox", file=path.name, moved_to=str(target), error=error)
 
     def _requeue(self, session_id: str) -> None:
         s = self.table.sessions.get(session_id)
         if s is None or s.state in FINAL:
             return
+        self.assigned_policy.pop(session_id, None)
         s = self.table.requeue(session_id)
         self.journal.write("requeued", session=s.session_id, previous=session_id, attempt=s.attempt)
         for other_id, other in self.gateways.items():
@@ -197,6 +357,7 @@ class Orchestrator:
             gw.credit -= 1
             gw.sessions.add(spec.session_id)
             self.journal.write("assigned", session=spec.session_id, gateway=gw.gateway_id, attempt=spec.attempt)
+            self.assigned_policy[spec.session_id] = self.policy
             self._send(identity, wire.Assign(session=spec))
 
     def _engine_list(self) -> wire.Engines:
@@ -214,12 +375,20 @@ class Orchestrator:
         rate = len(self.ended) / 60 if self.ended else 0.0
         members = [wire.Member("engine", e.engine_id, e.host, True, 0, f"{e.url} weights {e.weight_version}")
                    for e in self.engines.values()]
+        members += [wire.Member("engine", url, "", True, 0, f"{url} weights {version}")
+                    for url, version in self.static_engines.items()]
         members += [wire.Member("gateway", g.gateway_id, g.host, True, len(g.sessions)) for g in self.gateways.values()]
         members += list(self.down.values())
-        return self.table.status(len(self.gateways), members, rate)
+        reply = self.table.status(len(self.gateways), members, rate)
+        reply.versions_in_flight = dict(Counter(self.assigned_policy.values()))
+        if self.service.enabled:
+            reply.done = reply.done and self.draining
+        return reply
 
     async def _tick(self) -> None:
         while True:
+            if self.service.enabled and not self.draining:
+                self._take_inbox()
             beat = wire.Heartbeat(sender="orchestrator", t=time.time())
             for identity in list(self.gateways) + list(self.engines):
                 self._send(identity, beat)

@@ -1,7 +1,8 @@
 """The session table: every (task, sample) of the run, its current attempt and state.
 
 Sessions wait in a FIFO queue until a gateway with credit takes them. A session whose gateway is
-lost goes back to the front of the queue with its attempt number raised. Pure bookkeeping: no I/O.
+lost goes back to the front of the queue with its attempt number raised. In service mode tasks are
+added while the run goes (`add`) and queued sessions can be cancelled (`cancel_queued`). Pure bookkeeping: no I/O.
 """
 
 from __future__ import annotations
@@ -55,6 +56,23 @@ class SessionTable:
                     table.queue.append(s)
                 table.sessions[s.session_id] = s
         return table
+
+    def add(self, task: Task) -> list[Session]:
+        """A task submitted while the run is going (service mode): its samples join the queue's end."""
+        added = [Session(task, i) for i in range(task.num_samples)]
+        for s in added:
+            self.sessions[s.session_id] = s
+            self.queue.append(s)
+        return added
+
+    def cancel_queued(self, session_id: str) -> Session | None:
+        """Take a queued session out of the queue, `cancelled`; None when it is not queued."""
+        s = self.sessions.get(session_id)
+        if s is None or s.state != "queued":
+            return None
+        self.queue.remove(s)
+        s.state = "cancelled"
+        return s
 
     def take(self, gateway: bytes) -> wire.SessionSpec | None:
         """Dispatch the next queued session to `gateway`; its deadline starts now."""

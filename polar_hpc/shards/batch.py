@@ -1,4 +1,4 @@
-"""Trainer-side helpers: `Filter` trajectories, `group_by_task`, `pad_batch` into numpy arrays,
+"""Trainer-side helpers: `Filter` trajectories, `group_by_task`, `group_advantages`, `pad_batch` into numpy arrays,
 `to_torch` (torch is optional: imported only there).
 
 `pad_batch(trajectories)` makes one row per trace, the sequence `prompt_ids + response_ids`
@@ -51,14 +51,30 @@ class Filter:
         if self.weight_versions is not None:
             for trace in traj.traces:
                 for version in trace.weight_versions:
-                    m = _TRAILING_INT.search(version)
-                    if m is None or not _within(int(m[1]), *self.weight_versions):
+                    number = version_number(version)
+                    if number is None or not _within(number, *self.weight_versions):
                         return False
         return True
 
 
+def version_number(version: str) -> int | None:
+    """A weight version's trailing integer ("v12" and "12" are 12); None when it has none."""
+    m = _TRAILING_INT.search(version)
+    return int(m[1]) if m else None
+
+
 def _within(x: float, low: float | None, high: float | None) -> bool:
     return (low is None or x >= low) and (high is None or x <= high)
+
+
+def group_advantages(rewards: list[float | None], eps: float = 1e-6) -> list[float | None]:
+    """GRPO's group-normalized advantages, (reward - mean) / (std + eps); None where no reward."""
+    scored = [r for r in rewards if r is not None]
+    if not scored:
+        return [None] * len(rewards)
+    mean = sum(scored) / len(scored)
+    std = math.sqrt(sum((r - mean) ** 2 for r in scored) / len(scored))
+    return [None if r is None else (r - mean) / (std + eps) for r in rewards]
 
 
 def group_by_task(trajectories: Iterable[Trajectory]) -> dict[str, list[Trajectory]]:

@@ -1,0 +1,93 @@
+"""Service mode: how fast trainers can submit tasks, and how long a weight update holds generation.
+
+Starts a real orchestrator of a service run (over CURVE, as in a Slurm run) and a scripted engine
+it updates (`--engine-url`); no gateway, so submitted tasks stay queued. `submit_tasks_per_s`:
+N tasks submitted by one `Client` in batches of B, each answered (validated, journaled, queued).
+`weight_update_pause_ms`: the median, over U updates, of the longest time the engine held
+generation (pause, load, continue) while C calls of T tokens (delay D ms per token) were decoding:
+the update waits for them, so this is mostly the calls' remaining time. `idle_pause_ms`: the same
+with no call in flight (the protocol's own cost). The last line is one JSON object.
+
+    uv run python bench/service.py [--tasks 20000] [--batch 500] [--updates 5] [--calls 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from polar_hpc import procs, security
+from polar_hpc.client import Client
+
+
+def task(i: int) -> dict:
+    return {"id": f"t{i}", "instruction": "hi", "harness": {"command": "true"}}
+
+
+async def pauses_under_load(client: Client, url: str, args: argparse.Namespace, loaded: bool) -> list[float]:
+    result = []
+    body = {"text": "What is 2 + 2?", "sampling_params": {"max_new_tokens": args.tokens}}
+    async with aiohttp.ClientSession() as http:
+        for u in range(args.updates):
+            calls = [asyncio.create_task(http.post(f"{url}/generate", json=body)) for _ in range(args.calls if loaded else 0)]
+            await asyncio.sleep(args.tokens * args.delay_ms / 2000)  # the calls are half way through
+            update = await asyncio.to_thread(client.update_weights, "/tmp/weights", f"v{u + 1}")
+            result.append(update.pause_ms)
+            for response in await asyncio.gather(*calls):
+                assert response.status == 200
+                response.release()
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", type=int, default=20000)
+    ap.add_argument("--batch", type=int, default=500)
+    ap.add_argument("--updates", type=int, default=5)
+    ap.add_argument("--calls", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--delay-ms", type=float, default=20.0)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp)
+        security.create_keys(run_dir)
+        (run_dir / "tasks.jsonl").write_text("")
+        (run_dir / "topology.yaml").write_text(f"service:\n  enabled: true\n  max_queued: {args.tasks}\n")
+        children = []
+        try:
+            ready = run_dir / ".engine.ready"
+            children.append(procs.spawn("engine", ["engine", "--port", "0", "--ready-file", str(ready),
+                                                   "--token-delay-ms", str(args.delay_ms)], run_dir / "engine.log"))
+            url = procs.wait_ready(children[-1], ready)["url"]
+            children.append(procs.spawn("orchestrator", ["orchestrator", "--run-dir", str(run_dir), "--engine-url", url],
+                                        run_dir / "orchestrator.log"))
+            procs.wait_ready(children[-1], run_dir / "rendezvous.json")
+            with Client(run_dir, timeout_s=60) as client:
+                t0 = time.perf_counter()
+                for start in range(0, args.tasks, args.batch):
+                    client.submit([task(i) for i in range(start, min(args.tasks, start + args.batch))])
+                submit_s = time.perf_counter() - t0
+                assert client.run_status().total == args.tasks
+                loaded = asyncio.run(pauses_under_load(client, url, args, True))
+                idle = asyncio.run(pauses_under_load(client, url, args, False))
+        finally:
+            procs.stop(children, grace_s=5.0)
+    print(f"{args.tasks} tasks submitted in {submit_s:.2f}s; pauses under load {[round(p, 1) for p in loaded]} ms, "
+          f"idle {[round(p, 1) for p in idle]} ms")
+    print(json.dumps({
+        "submit_tasks_per_s": round(args.tasks / submit_s, 1),
+        "weight_update_pause_ms": round(statistics.median(loaded), 1),
+        "idle_pause_ms": round(statistics.median(idle), 1),
+        "calls_in_flight": args.calls,
+    }))
+
+
+if __name__ == "__main__":
+    main()
