@@ -16,7 +16,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from polar_hpc import wire
 from polar_hpc.config import CommandEvaluator, PoolConfig, Task
@@ -30,7 +30,7 @@ from polar_hpc.trajectory.model import Trajectory
 STDERR_TAIL = 4000
 
 
-class ProxyLink:
+class ProxyLink(Protocol):
     """What the pipeline needs of its proxy: open a session, close it and collect its records."""
 
     url: str
