@@ -5,11 +5,19 @@
 </function></tool_call>`, values typed by the tool's JSON schema) or `auto` (qwen3_coder when the
 template writes `<function=`, else hermes).
 
-- `parse(text, tools) -> (content or None, [(name, arguments JSON string)])`: content is the text
-  before the first call, less one trailing newline. Text whose call blocks do not parse is all
-  content (the harness sees what the model wrote).
-- `safe_prefix(text)`: how much of a growing text may be streamed as content already: everything
-  before a (possibly still partial) call marker, holding back trailing newlines.
+`CallReader(parser, tools)` reads a reply as it streams: `feed(piece) -> (text, calls)` gives the
+content that may be shown now and each tool call (name, arguments JSON string) as soon as its
+closing tag (`</tool_call>`, or `</function>` for qwen3_coder) has arrived; `finish()` gives the
+content still held back. Content is held back only while it may still turn out to be a call (a
+marker, or a marker's beginning, at its end) and for trailing newlines. The result does not
+depend on how the text is cut into pieces, and `ToolParser.parse(text, tools) -> (content or
+None, calls)` is one reader fed the whole text:
+
+- content is the text before the first call, less one trailing newline;
+- after the first call only further calls are read (other text is dropped, as chat templates
+  render content before calls);
+- a call block that does not parse (or is cut off) before the first call is content (the harness
+  sees what the model wrote); after it, it is dropped.
 """
 
 from __future__ import annotations
@@ -23,71 +31,136 @@ from polar_hpc.engines.chat_format import parse_tool_calls
 
 PARSERS = ("auto", "hermes", "qwen3_coder")
 
-_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_FUNCTION_OPEN, _FUNCTION_CLOSE = "<function=", "</function>"
+_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
 
 @dataclass(frozen=True)
 class ToolParser:
-    name: str
-    markers: tuple[str, ...]
+    name: str  # hermes | qwen3_coder
 
     def parse(
         self, text: str, tools: list[dict[str, Any]] | None
     ) -> tuple[str | None, list[tuple[str, str]]]:
-        if self.name == "hermes":
-            content, calls = parse_tool_calls(text)
-            return content, [(c["name"], c["arguments"]) for c in calls]
-        found = _parse_qwen3_coder(text, tools)
-        if found is None:
-            return text, []
-        start, calls = found
-        content = text[:start]
-        content = content[:-1] if content.endswith("\n") else content
+        reader = CallReader(self, tools)
+        content, calls = reader.feed(text)
+        content += reader.finish()
         return content or None, calls
-
-    def safe_prefix(self, text: str) -> int:
-        end = len(text)
-        for marker in self.markers:
-            at = text.find(marker)
-            if at >= 0:
-                end = min(end, at)
-            for k in range(len(marker) - 1, 0, -1):  # a marker may be arriving
-                if text.endswith(marker[:k]):
-                    end = min(end, len(text) - k)
-                    break
-        while end > 0 and text[end - 1] == "\n":
-            end -= 1
-        return end
 
 
 def parser_for(name: str, chat_template: str | None) -> ToolParser:
     if name not in PARSERS:
         raise ValueError(f"unknown tool parser {name!r} (known: {', '.join(PARSERS)})")
     if name == "auto":
-        name = "qwen3_coder" if "<function=" in (chat_template or "") else "hermes"
-    markers = ("<tool_call>",) if name == "hermes" else ("<tool_call>", "<function=")
-    return ToolParser(name, markers)
+        name = "qwen3_coder" if _FUNCTION_OPEN in (chat_template or "") else "hermes"
+    return ToolParser(name)
 
 
-def _parse_qwen3_coder(
-    text: str, tools: list[dict[str, Any]] | None
-) -> tuple[int, list[tuple[str, str]]] | None:
-    functions = list(_FUNCTION.finditer(text))
-    if not functions:
-        return None
-    calls = []
-    for function in functions:
-        name = function.group(1).strip()
-        schema = _properties(tools, name)
+class CallReader:
+    """One reply's content and tool calls, read piece by piece."""
+
+    def __init__(self, parser: ToolParser, tools: list[dict[str, Any]] | None) -> None:
+        self._qwen = parser.name == "qwen3_coder"
+        self._tools = tools
+        self._buf = ""  # text not yet given out, from the first character that may be a call
+        self._newlines = ""  # content's trailing newlines, held back
+        self.n_calls = 0
+
+    def feed(self, piece: str) -> tuple[str, list[tuple[str, str]]]:
+        self._buf += piece
+        out: list[str] = []
+        calls: list[tuple[str, str]] = []
+        while True:
+            at = self._next_marker()
+            if at is None:  # no marker: all but a possible marker's beginning is plain text
+                keep = _partial_marker(self._buf, self._markers())
+                self._plain(out, self._buf[: len(self._buf) - keep])
+                self._buf = self._buf[len(self._buf) - keep:]
+                break
+            self._plain(out, self._buf[:at])
+            self._buf = self._buf[at:]
+            step = self._block()
+            if step is None:  # the block is still arriving
+                break
+            length, call = step
+            if call is not None:
+                if not self.n_calls:  # content ends here, less one trailing newline
+                    out.append(self._newlines[:-1])
+                    self._newlines = ""
+                calls.append(call)
+                self.n_calls += 1
+            else:
+                self._plain(out, self._buf[:length])
+            self._buf = self._buf[length:]
+        return "".join(out), calls
+
+    def finish(self) -> str:
+        """The content still held back (nothing more will come)."""
+        rest = self._newlines + self._buf if not self.n_calls else ""
+        self._buf = self._newlines = ""
+        return rest
+
+    def _markers(self) -> tuple[str, ...]:
+        return (_OPEN, _FUNCTION_OPEN) if self._qwen else (_OPEN,)
+
+    def _next_marker(self) -> int | None:
+        found = [i for i in (self._buf.find(m) for m in self._markers()) if i >= 0]
+        return min(found) if found else None
+
+    def _plain(self, out: list[str], text: str) -> None:
+        """Text that is not a call: content before the first call, else dropped."""
+        if self.n_calls or not text:
+            return
+        stripped = text.rstrip("\n")
+        if stripped:
+            out.append(self._newlines + stripped)
+            self._newlines = ""
+        self._newlines += text[len(stripped):]
+
+    def _block(self) -> tuple[int, tuple[str, str] | None] | None:
+        """At a marker at the start of the buffer: (its length, the call or None if it is plain
+        text), or None while it cannot be told yet."""
+        if not self._qwen:
+            end = self._buf.find(_CLOSE)
+            if end < 0:
+                return None
+            end += len(_CLOSE)
+            _, found = parse_tool_calls(self._buf[:end])
+            return end, ((found[0]["name"], found[0]["arguments"]) if found else None)
+        start = 0
+        if self._buf.startswith(_OPEN):  # a wrapper: part of the call if a function follows
+            after = self._buf[len(_OPEN):].lstrip()
+            if _FUNCTION_OPEN.startswith(after):
+                return None
+            if not after.startswith(_FUNCTION_OPEN):
+                return len(_OPEN), None
+            start = len(self._buf) - len(after)
+        end = self._buf.find(_FUNCTION_CLOSE, start)
+        if end < 0:
+            return None
+        end += len(_FUNCTION_CLOSE)
+        return end, self._function(self._buf[start:end])
+
+    def _function(self, block: str) -> tuple[str, str] | None:
+        match = _FUNCTION.fullmatch(block)
+        if match is None:
+            return None
+        name = match.group(1).strip()
+        schema = _properties(self._tools, name)
         arguments = {
             p.group(1).strip(): _typed(p.group(2), schema.get(p.group(1).strip(), {}))
-            for p in _PARAMETER.finditer(function.group(2))
+            for p in _PARAMETER.finditer(match.group(2))
         }
-        calls.append((name, json.dumps(arguments, ensure_ascii=False)))
-    first = functions[0].start()
-    wrapper = text.rfind("<tool_call>", 0, first)
-    return (wrapper if wrapper >= 0 and not text[wrapper + 11 : first].strip() else first), calls
+        return name, json.dumps(arguments, ensure_ascii=False)
+
+
+def _partial_marker(text: str, markers: tuple[str, ...]) -> int:
+    """How many characters at the end of text may be the beginning of a marker."""
+    return max(
+        (k for m in markers for k in range(len(m) - 1, 0, -1) if text.endswith(m[:k])), default=0
+    )
 
 
 def _properties(tools: list[dict[str, Any]] | None, name: str) -> dict[str, Any]:
