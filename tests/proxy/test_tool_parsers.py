@@ -120,7 +120,7 @@ def test_hermes_reader_gives_content_early_and_each_call_at_its_closing_tag():
 
 def test_qwen3_coder_reader_gives_a_call_at_its_function_end():
     reader = CallReader(parser_for("qwen3_coder", None), TOOLS)
-    assert reader.feed("Hi <tool_call>\n<func") == ("Hi", [])
+    assert reader.feed("Hi <tool_call>\n<func") == ("Hi ", [])
     assert reader.feed("tion=edit>\n<parameter=line>\n12\n</parameter>\n") == ("", [])
     assert reader.feed("</function>") == ("", [("edit", '{"line": 12}')])
     reader = CallReader(parser_for("qwen3_coder", None), TOOLS)  # a wrapper with no function
