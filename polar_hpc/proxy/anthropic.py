@@ -6,8 +6,9 @@
   become Chat tools; `max_tokens` is required, as Anthropic requires it.
 - `response(outcome, body, model, call_id)`: the `message` object (`text` and `tool_use` blocks,
   `stop_reason` end_turn | tool_use | max_tokens, usage).
-- `Events`: message_start, a text block streamed as `text_delta`s while sampled, one `tool_use`
-  block per call (its input as one `input_json_delta`), message_delta, message_stop; `error`.
+- `Events` (a `StreamEvents`): message_start, a text block streamed as `text_delta`s while
+  sampled, one `tool_use` block per call as soon as it is complete (`content_block_start`, its
+  input as one `input_json_delta`, `content_block_stop`), message_delta, message_stop; `error`.
 - `error_body(status, message, kind)`: Anthropic's `{"type": "error", "error": {...}}`;
   `token(headers)`: `x-api-key`, else the Bearer key.
 """
@@ -18,7 +19,7 @@ import json
 from typing import Any
 
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, array, decode_object, number, sse, stops, usage,
+    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, decode_object, number, sse, stops, usage,
 )
 from polar_hpc.proxy.openai_chat import token as bearer
 
@@ -112,9 +113,8 @@ def _usage(outcome: Outcome) -> dict[str, Any]:
             "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}
 
 
-def _tool_blocks(outcome: Outcome) -> list[dict[str, Any]]:
-    return [{"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
-            for c in outcome.tool_calls]
+def _tool_block(call: ToolCall) -> dict[str, Any]:
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call.arguments)}
 
 
 def _input(arguments: str) -> Any:
@@ -137,13 +137,14 @@ def _message(call_id: str, model: str, content: list, outcome: Outcome | None) -
 
 def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -> dict[str, Any]:
     content = [{"type": "text", "text": outcome.content}] if outcome.content else []
-    return _message(call_id, model, content + _tool_blocks(outcome), outcome)
+    return _message(call_id, model, content + [_tool_block(c) for c in outcome.tool_calls], outcome)
 
 
-class Events:
+class Events(StreamEvents):
     def __init__(self, call: Call, body: dict[str, Any], model: str) -> None:
         self._call_id, self._model = call.id, model
         self._open_text = False
+        self._text_blocks = 0  # 1 once a text block was opened (it comes first)
 
     def start(self) -> bytes:
         return (sse({"type": "message_start", "message": _message(self._call_id, self._model, [], None)},
@@ -152,26 +153,32 @@ class Events:
     def text(self, delta: str) -> bytes:
         out = b""
         if not self._open_text:
-            self._open_text = True
+            self._open_text, self._text_blocks = True, 1
             out = sse({"type": "content_block_start", "index": 0,
                        "content_block": {"type": "text", "text": ""}}, "content_block_start")
         delta_block = {"type": "content_block_delta", "index": 0,
                        "delta": {"type": "text_delta", "text": delta}}
         return out + sse(delta_block, "content_block_delta")
 
+    def _end_text(self) -> bytes:
+        if not self._open_text:
+            return b""
+        self._open_text = False
+        return sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+
+    def tool_call(self, call: ToolCall, index: int) -> bytes:
+        block, at = _tool_block(call), index + self._text_blocks
+        partial = json.dumps(block["input"], ensure_ascii=False)
+        return (self._end_text()
+                + sse({"type": "content_block_start", "index": at,
+                       "content_block": dict(block, input={})}, "content_block_start")
+                + sse({"type": "content_block_delta", "index": at,
+                       "delta": {"type": "input_json_delta", "partial_json": partial}},
+                      "content_block_delta")
+                + sse({"type": "content_block_stop", "index": at}, "content_block_stop"))
+
     def end(self, outcome: Outcome) -> bytes:
-        out, index = b"", 0
-        if self._open_text:
-            out += sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
-            index = 1
-        for block in _tool_blocks(outcome):
-            out += sse({"type": "content_block_start", "index": index,
-                        "content_block": dict(block, input={})}, "content_block_start")
-            out += sse({"type": "content_block_delta", "index": index, "delta": {
-                "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}},
-                "content_block_delta")
-            out += sse({"type": "content_block_stop", "index": index}, "content_block_stop")
-            index += 1
+        out = self._end_text() + self.unsent(outcome)
         final = _message(self._call_id, self._model, [], outcome)
         out += sse({"type": "message_delta", "delta": {"stop_reason": final["stop_reason"],
                                                        "stop_sequence": None},

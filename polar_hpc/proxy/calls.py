@@ -8,7 +8,8 @@ finish reason) and what was captured (prompt ids, sampled ids, logprobs, weight 
 and `meta`: the rid, chain and retry notes). `BadRequest` is the harness's fault (HTTP 400).
 `assistant_message(outcome)` is the reply as an OpenAI Chat assistant message, and `same_message`
 compares two messages the way a re-sent history must match (ids and formatting of JSON arguments
-ignored). `sse(data, event)` is one Server-Sent Event; `usage(outcome)` the token counts;
+ignored). `StreamEvents` is the base of each API's streamed answer (`delta(piece)`: a piece of
+content or, once complete, a tool call). `sse(data, event)` is one Server-Sent Event; `usage(outcome)` the token counts;
 `number(body, key, kind)`, `stops(body, key)` and `array(body, key)` read optional fields or
 raise BadRequest naming them.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +108,41 @@ def _key(message: dict[str, Any]) -> tuple:
 
 def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return _key(a) == _key(b)
+
+
+class StreamEvents(ABC):
+    """One streamed answer in an API's own events, each method returning the bytes to write:
+    `start()`, then `delta(piece)` for each piece of content (a str) or complete tool call (a
+    `ToolCall`, numbered from 0 in order), then `end(outcome)` (the calls not streamed yet, the
+    finish) or `error(status, message, kind)` once the stream has begun."""
+
+    calls_sent = 0
+
+    def delta(self, piece: str | ToolCall) -> bytes:
+        if isinstance(piece, str):
+            return self.text(piece)
+        self.calls_sent += 1
+        return self.tool_call(piece, self.calls_sent - 1)
+
+    def unsent(self, outcome: Outcome) -> bytes:
+        """The outcome's tool calls not yet streamed, as events."""
+        calls = outcome.tool_calls[self.calls_sent:]
+        return b"".join(self.delta(c) for c in calls)
+
+    @abstractmethod
+    def start(self) -> bytes: ...
+
+    @abstractmethod
+    def text(self, delta: str) -> bytes: ...
+
+    @abstractmethod
+    def tool_call(self, call: ToolCall, index: int) -> bytes: ...
+
+    @abstractmethod
+    def end(self, outcome: Outcome) -> bytes: ...
+
+    @abstractmethod
+    def error(self, status: int, message: str, kind: str) -> bytes: ...
 
 
 def sse(data: Any, event: str | None = None) -> bytes:

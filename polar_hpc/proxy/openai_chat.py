@@ -4,9 +4,10 @@
   `messages` array, n=1, and well-typed limits.
 - `response(outcome, body, model)`: the `chat.completion` object (logprobs only when asked).
 - `Events(call, body, model)`: the same answer as `chat.completion.chunk` events while it is
-  sampled: `start()` (the role), `text(delta)` (content as it arrives), `end(outcome)` (one delta
-  per complete tool call, the finish reason, usage when `stream_options.include_usage`, `[DONE]`),
-  `error(...)` (an error event once the stream has begun).
+  sampled (a `StreamEvents`): `start()` (the role), `text(delta)` (content as it arrives),
+  `tool_call(call, index)` (one `delta.tool_calls` entry with id, name and all the arguments, once
+  the call is complete), `end(outcome)` (calls not streamed yet, the finish reason, usage when
+  `stream_options.include_usage`, `[DONE]`), `error(...)` (an error event once the stream began).
 - `error_body(status, message, kind)`: OpenAI's error shape; `token(headers)`: the Bearer key.
 """
 
@@ -16,7 +17,7 @@ import time
 from typing import Any
 
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, array, assistant_message, decode_object, number, sse, stops, usage,
+    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, assistant_message, decode_object, number, sse, stops, usage,
 )
 
 API = "openai_chat"
@@ -90,7 +91,7 @@ def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -
     }
 
 
-class Events:
+class Events(StreamEvents):
     def __init__(self, call: Call, body: dict[str, Any], model: str) -> None:
         self._head = {"id": f"chatcmpl-{call.id}", "object": "chat.completion.chunk",
                       "created": int(time.time()), "model": model}
@@ -109,14 +110,14 @@ class Events:
     def text(self, delta: str) -> bytes:
         return self._chunk({"content": delta})
 
+    def tool_call(self, call: ToolCall, index: int) -> bytes:
+        return self._chunk({"tool_calls": [{
+            "index": index, "id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments},
+        }]})
+
     def end(self, outcome: Outcome) -> bytes:
-        out = [
-            self._chunk({"tool_calls": [{
-                "index": i, "id": c.id, "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments},
-            }]})
-            for i, c in enumerate(outcome.tool_calls)
-        ]
+        out = [self.unsent(outcome)]
         logprobs = _logprobs(outcome) if self._logprobs else None
         out.append(self._chunk({}, outcome.finish_reason, logprobs))
         if self._usage:

@@ -7,9 +7,10 @@
   is refused: harnesses must re-send their history (`store: false`, as Codex does).
 - `response(outcome, body, model, call_id)`: the `response` object (a `message` output item with
   `output_text`, one `function_call` item per call, usage; `incomplete` on max_output_tokens).
-- `Events`: `response.created` / `in_progress`, `output_text.delta` as tokens arrive, the
-  `*.done` events, each function call as `output_item.added` / `function_call_arguments.*` /
-  `output_item.done`, then `response.completed` (or `response.failed`).
+- `Events` (a `StreamEvents`): `response.created` / `in_progress`, `output_text.delta` as tokens
+  arrive, the message's `*.done` events once it ends, each function call as soon as it is complete
+  as `output_item.added` / `function_call_arguments.delta` / `.done` / `output_item.done`, then
+  `response.completed` (or `response.incomplete`, `response.failed`).
 - `error_body`, `token`: OpenAI's error shape and Bearer key (as `openai_chat`).
 """
 
@@ -19,7 +20,7 @@ import time
 from typing import Any
 
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, array, decode_object, number, sse, text_of, usage,
+    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, decode_object, number, sse, text_of, usage,
 )
 from polar_hpc.proxy.openai_chat import error_body, token  # noqa: F401  (same shapes as Chat)
 
@@ -107,12 +108,9 @@ def _message_item(call_id: str, text: str, status: str) -> dict[str, Any]:
             "content": content}
 
 
-def _function_items(outcome: Outcome) -> list[dict[str, Any]]:
-    return [
-        {"type": "function_call", "id": f"fc_{c.id}", "call_id": c.id, "name": c.name,
-         "arguments": c.arguments, "status": "completed"}
-        for c in outcome.tool_calls
-    ]
+def _function_item(call: ToolCall) -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id, "name": call.name,
+            "arguments": call.arguments, "status": "completed"}
 
 
 def _shell(body: dict[str, Any], model: str, call_id: str, status: str) -> dict[str, Any]:
@@ -132,18 +130,19 @@ def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -
     out = _shell(body, model, call_id, "incomplete" if cut else "completed")
     if outcome.content:
         out["output"].append(_message_item(call_id, outcome.content, "completed"))
-    out["output"] += _function_items(outcome)
+    out["output"] += [_function_item(c) for c in outcome.tool_calls]
     out["usage"] = _usage(outcome)
     if cut:
         out["incomplete_details"] = {"reason": "max_output_tokens"}
     return out
 
 
-class Events:
+class Events(StreamEvents):
     def __init__(self, call: Call, body: dict[str, Any], model: str) -> None:
         self._call_id, self._body, self._model = call.id, body, model
         self._n = 0
         self._text: str | None = None  # None until a message item is open
+        self._text_done = False
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._n, **fields}
@@ -168,27 +167,33 @@ class Events:
         return out + self._event("response.output_text.delta", item_id=item_id, output_index=0,
                                  content_index=0, delta=delta, logprobs=[])
 
+    def _end_text(self) -> bytes:
+        """Close the message item, if one is open (calls follow it)."""
+        if self._text is None or self._text_done:
+            return b""
+        self._text_done = True
+        item_id = f"msg_{self._call_id}"
+        part = {"type": "output_text", "text": self._text, "annotations": []}
+        return (self._event("response.output_text.done", item_id=item_id, output_index=0,
+                            content_index=0, text=self._text, logprobs=[])
+                + self._event("response.content_part.done", item_id=item_id, output_index=0,
+                              content_index=0, part=part)
+                + self._event("response.output_item.done", output_index=0,
+                              item=_message_item(self._call_id, self._text, "completed")))
+
+    def tool_call(self, call: ToolCall, index: int) -> bytes:
+        out = self._end_text()
+        item, at = _function_item(call), index + (0 if self._text is None else 1)
+        out += self._event("response.output_item.added", output_index=at,
+                           item=dict(item, arguments="", status="in_progress"))
+        out += self._event("response.function_call_arguments.delta", item_id=item["id"],
+                           output_index=at, delta=item["arguments"])
+        out += self._event("response.function_call_arguments.done", item_id=item["id"],
+                           output_index=at, arguments=item["arguments"])
+        return out + self._event("response.output_item.done", output_index=at, item=item)
+
     def end(self, outcome: Outcome) -> bytes:
-        out, index = b"", 0
-        if self._text is not None:
-            item_id = f"msg_{self._call_id}"
-            part = {"type": "output_text", "text": self._text, "annotations": []}
-            out += self._event("response.output_text.done", item_id=item_id, output_index=0,
-                               content_index=0, text=self._text, logprobs=[])
-            out += self._event("response.content_part.done", item_id=item_id, output_index=0,
-                               content_index=0, part=part)
-            out += self._event("response.output_item.done", output_index=0,
-                               item=_message_item(self._call_id, self._text, "completed"))
-            index = 1
-        for item in _function_items(outcome):
-            added = dict(item, arguments="", status="in_progress")
-            out += self._event("response.output_item.added", output_index=index, item=added)
-            out += self._event("response.function_call_arguments.delta", item_id=item["id"],
-                               output_index=index, delta=item["arguments"])
-            out += self._event("response.function_call_arguments.done", item_id=item["id"],
-                               output_index=index, arguments=item["arguments"])
-            out += self._event("response.output_item.done", output_index=index, item=item)
-            index += 1
+        out = self._end_text() + self.unsent(outcome)
         final = response(outcome, self._body, self._model, self._call_id)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         return out + self._event(kind, response=final)

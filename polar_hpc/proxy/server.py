@@ -45,7 +45,7 @@ from polar_hpc import wire
 from polar_hpc.config import ConfigError
 from polar_hpc.proxy import anthropic, openai_responses
 from polar_hpc.proxy import openai_chat as oc
-from polar_hpc.proxy.calls import BadRequest, assistant_message
+from polar_hpc.proxy.calls import BadRequest, ToolCall, assistant_message
 from polar_hpc.proxy.engine_client import EngineError
 from polar_hpc.proxy.gateway_link import GatewayLink
 from polar_hpc.proxy.passthrough import Passthrough
@@ -219,10 +219,10 @@ class _Proxy:
                 await reply.stream.prepare(request)
                 await reply.stream.write(events.start())
 
-        async def emit(text: str) -> None:
+        async def emit(piece: str | ToolCall) -> None:
             if events is not None:
                 await begin()
-                await reply.stream.write(events.text(text))
+                await reply.stream.write(events.delta(piece))
 
         try:
             outcome = await self.mode.answer(session.session_id, call, emit)

@@ -4,8 +4,9 @@
 `AutoTokenizer` + `apply_chat_template`, tools included), loaded from a local folder.
 `Tito(renderer, tool_parser, router)`: `await answer(session, call, emit)` renders
 the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
-`stream` when the harness streams, awaits `emit(text)` for each piece of content as tokens arrive
-(tool-call text is held back and parsed once complete), and returns the `Outcome`.
+`stream` when the harness streams, awaits `emit(piece)` for each piece of content as tokens arrive
+and for each tool call (a `ToolCall`) as soon as its closing tag arrives (`CallReader` over the
+engine's cumulative text), and returns the `Outcome` (the same content and calls, ids included).
 
 Drift-free history: `Chains` (one per session) keeps, for each chain of calls, the conversation
 through the last sampled reply and its exact ids (prompt + sampled). When a call re-sends that
@@ -30,7 +31,7 @@ from typing import Any
 from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, same_message
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
-from polar_hpc.proxy.tool_parsers import parser_for
+from polar_hpc.proxy.tool_parsers import CallReader, parser_for
 
 log = logging.getLogger("polar_hpc.proxy")
 
@@ -209,7 +210,7 @@ class Tito:
         self._chains.pop(session_id, None)
 
     async def answer(
-        self, session_id: str, call: Call, emit: Callable[[str], Awaitable[None]]
+        self, session_id: str, call: Call, emit: Callable[[str | ToolCall], Awaitable[None]]
     ) -> Outcome:
         await self._prepare(session_id)
         chains = self._chains.setdefault(session_id, Chains())
@@ -226,10 +227,10 @@ class Tito:
         rid = uuid.uuid4().hex
         body = {"input_ids": prompt_ids, "sampling_params": sampling, "return_logprob": True,
                 "stream": call.stream, "rid": rid}
-        (last, url), retried = await self.router.attempt(
+        (last, url, reply), retried = await self.router.attempt(
             session_id, lambda client: self._generate(client, body, call, emit)
         )
-        outcome = self._outcome(rid, call, prompt_ids, last, url)
+        outcome = self._outcome(rid, call, prompt_ids, last, url, reply)
         number = chains.record(chain, call, outcome, text)
         outcome.meta.update(rid=rid, mode="tito", chain=number)
         if chain is None:
@@ -239,27 +240,38 @@ class Tito:
         return outcome
 
     async def _generate(
-        self, client: EngineClient, body: dict, call: Call, emit: Callable[[str], Awaitable[None]]
-    ) -> tuple[dict, str]:
-        """The engine's last (cumulative) answer; content is emitted as it grows when streaming."""
+        self, client: EngineClient, body: dict, call: Call,
+        emit: Callable[[str | ToolCall], Awaitable[None]],
+    ) -> tuple[dict, str, tuple[str | None, list[ToolCall]]]:
+        """The engine's last (cumulative) answer, its URL and the reply's (content, tool calls);
+        when streaming, content and calls are emitted as they are read."""
         if not body["stream"]:
-            return await client.post_json("/generate", body), client.base_url
-        sent, last = 0, None
+            last = await client.post_json("/generate", body)
+            content, calls = self.parser.parse(last.get("text") or "", call.tools)
+            return last, client.base_url, (content, [_tool_call(n, a) for n, a in calls])
+        reader, read, last = CallReader(self.parser, call.tools), 0, None
+        content, tool_calls = [], []
         async for event in client.stream_json("/generate", body):
             last = event
-            text = event.get("text") or ""
-            end = self.parser.safe_prefix(text)
-            if end > sent:
-                await emit(text[sent:end])
-                sent = end
+            text = event.get("text") or ""  # cumulative: each event's text extends the last's
+            piece, calls = reader.feed(text[read:])
+            read = len(text)
+            for part in [piece, *(_tool_call(n, a) for n, a in calls)]:
+                if part:
+                    await emit(part)
+                    (content if isinstance(part, str) else tool_calls).append(part)
         if last is None:
             raise EngineError(502, f"engine at {client.base_url} streamed nothing")
-        content, _ = self.parser.parse(last.get("text") or "", call.tools)
-        if content and len(content) > sent and content.startswith((last.get("text") or "")[:sent]):
-            await emit(content[sent:])
-        return last, client.base_url
+        rest = reader.finish()
+        if rest:
+            await emit(rest)
+            content.append(rest)
+        return last, client.base_url, ("".join(content) or None, tool_calls)
 
-    def _outcome(self, rid: str, call: Call, prompt_ids: list[int], last: dict, url: str) -> Outcome:
+    def _outcome(
+        self, rid: str, call: Call, prompt_ids: list[int], last: dict, url: str,
+        reply: tuple[str | None, list[ToolCall]],
+    ) -> Outcome:
         meta = last.get("meta_info") or {}
         try:
             pairs = meta["output_token_logprobs"]
@@ -269,16 +281,19 @@ class Tito:
             weight_version = str(meta.get("weight_version", ""))
         except (KeyError, TypeError, ValueError, IndexError) as e:
             raise EngineError(502, f"engine answer lacks capture fields ({e!r})", True) from None
-        content, calls = self.parser.parse(last.get("text") or "", call.tools)
+        content, calls = reply
         finish_type = finish.get("type") if isinstance(finish, dict) else finish
         finish_reason = "length" if finish_type == "length" else "stop"
         if calls and finish_reason == "stop":
             finish_reason = "tool_calls"
         return Outcome(
-            rid=rid, content=content,
-            tool_calls=[ToolCall(f"call_{uuid.uuid4().hex[:24]}", n, a) for n, a in calls],
+            rid=rid, content=content, tool_calls=calls,
             finish_reason=finish_reason, prompt_ids=prompt_ids, output_ids=output_ids,
             output_logprobs=logprobs, weight_version=weight_version, engine_url=url,
             cached_tokens=int(meta.get("cached_tokens") or 0),
             token_texts=[self.renderer.token_text(i) for i in output_ids] if call.logprobs else None,
         )
+
+
+def _tool_call(name: str, arguments: str) -> ToolCall:
+    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, arguments)
