@@ -1,10 +1,12 @@
 """The scripted engine's deterministic policy: regex rules -> reply text, and fake logprobs.
 
-A rules file is a YAML list of `{when: REGEX, reply: TEMPLATE}`. `Policy.reply(prompt_text)`
-searches each `when` (re.DOTALL) in the decoded prompt (special tokens included); the first
-match wins and `match.expand(reply)` is the reply (`\\g<name>` inserts a group; backslashes are
-escapes, as in `re.sub`). No match: the empty reply. A malformed file raises ConfigError naming the
-file, the rule index and the field. `logprobs` is a pure function of (prompt ids, position,
+A rules file is a YAML list of `{when: REGEX, reply: TEMPLATE}`, each rule optionally with
+`pause_after: TEXT` and `pause_ms: N` (both or neither). `Policy.reply(prompt_text)` searches each
+`when` (re.DOTALL) in the decoded prompt (special tokens included); the first match wins and
+`match.expand(reply)` is the reply's text (`\\g<name>` inserts a group; backslashes are escapes,
+as in `re.sub`). No match: the empty reply. A `Reply` also says where decoding pauses: after the
+token that completes the first `pause_after` in the text (`pause_at`: that end's offset), for
+`pause_s` seconds. A malformed file raises ConfigError naming the file, the rule index and the field. `logprobs` is a pure function of (prompt ids, position,
 token), each value in [-5, -0.01].
 """
 
@@ -28,6 +30,15 @@ _GROUP_REF = re.compile(r"\\g<([^>]*)>|\\(\d+)")
 class Rule:
     when: re.Pattern[str]
     reply: str
+    pause_after: str | None = None
+    pause_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Reply:
+    text: str
+    pause_at: int | None = None  # pause once this much of the text has been decoded
+    pause_s: float = 0.0
 
 
 class Policy:
@@ -50,21 +61,34 @@ class Policy:
             raise ConfigError(f"{path}: expected a non-empty YAML list of {{when, reply}} rules")
         return cls([_rule(path, i, item) for i, item in enumerate(data)])
 
-    def reply(self, prompt_text: str) -> str:
+    def reply(self, prompt_text: str) -> Reply:
         for rule in self.rules:
             match = rule.when.search(prompt_text)
             if match:
-                return match.expand(rule.reply)
-        return ""
+                text = match.expand(rule.reply)
+                at = text.find(rule.pause_after) if rule.pause_after else -1
+                if at < 0:
+                    return Reply(text)
+                return Reply(text, at + len(rule.pause_after), rule.pause_ms / 1000)
+        return Reply("")
 
 
 def _rule(path: Path, index: int, item: object) -> Rule:
     where = f"{path}: rule {index}"
     if not isinstance(item, dict):
         raise ConfigError(f"{where}: expected a mapping with 'when' and 'reply'")
-    unknown = sorted(set(item) - {"when", "reply"})
+    unknown = sorted(set(item) - {"when", "reply", "pause_after", "pause_ms"})
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r} (fields: when, reply)")
+        raise ConfigError(
+            f"{where}: unknown field {unknown[0]!r} (fields: when, reply, pause_after, pause_ms)"
+        )
+    if ("pause_after" in item) != ("pause_ms" in item):
+        raise ConfigError(f"{where}: fields 'pause_after' and 'pause_ms' go together")
+    if "pause_after" in item and not (isinstance(item["pause_after"], str) and item["pause_after"]):
+        raise ConfigError(f"{where}: field 'pause_after' must be a non-empty string")
+    pause_ms = item.get("pause_ms", 0)
+    if type(pause_ms) is not int or pause_ms < 0:
+        raise ConfigError(f"{where}: field 'pause_ms' must be an integer >= 0")
     for field in ("when", "reply"):
         if not isinstance(item.get(field), str):
             raise ConfigError(f"{where}: field {field!r} must be a string")
@@ -79,7 +103,7 @@ def _rule(path: Path, index: int, item: object) -> Rule:
         )
         if not known:
             raise ConfigError(f"{where}: field 'reply': {ref.group(0)} names no group of 'when'")
-    return Rule(when, item["reply"])
+    return Rule(when, item["reply"], item.get("pause_after"), pause_ms)
 
 
 def _float32(x: float) -> float:

@@ -146,7 +146,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     with_logprobs, stream = get_bool(body, "return_logprob"), get_bool(body, "stream")
     gen = model.generate("/generate", rid, _prompt_ids(body, model.fmt), params, started)
     if not stream:
-        await pace(model, len(gen.output_ids))
+        await pace(gen, len(gen.output_ids))
         return web.json_response(_generate_body(model, gen, len(gen.output_ids), with_logprobs))
     return await sse(request, _generate_chunks(model, gen, with_logprobs))
 
@@ -156,7 +156,7 @@ async def _generate_chunks(
 ) -> AsyncIterator[dict[str, Any]]:
     """One cumulative /generate body per output token (one in all if there is none)."""
     for k in range(1, len(gen.output_ids) + 1) if gen.output_ids else [0]:
-        await pace(model, min(k, 1))
+        await pace(gen, k)
         yield _generate_body(model, gen, k, with_logprobs)
 
 

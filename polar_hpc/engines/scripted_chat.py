@@ -65,7 +65,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     reply = _Reply(model, gen, content, tool_calls, choice_end, head)
     if stream:
         return await sse(request, _chunks(reply, with_logprobs, include_usage))
-    await pace(model, len(gen.output_ids))
+    await pace(gen, len(gen.output_ids))
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
@@ -121,7 +121,7 @@ async def _chunks(
     yield chunk({"role": "assistant", "content": ""})
     sent, gen = "", reply.gen
     for k in range(1, len(gen.output_ids) + 1):
-        await pace(reply.model)
+        await pace(gen, k)
         visible = os.path.commonprefix([gen.texts[k], reply.content or ""])
         if visible != sent or with_logprobs:
             entry = {"content": [reply.logprob(k - 1)]} if with_logprobs else None

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
-from polar_hpc.engines.scripted_model import BadRequest, ScriptedModel
+from polar_hpc.engines.scripted_model import BadRequest, Generation, ScriptedModel
 
 MODEL = web.AppKey("model", ScriptedModel)
 
@@ -95,7 +96,7 @@ async def sse(request: web.Request, events: AsyncIterator[dict[str, Any]]) -> we
     return response
 
 
-async def pace(model: ScriptedModel, tokens: int = 1) -> None:
-    """Simulated decoding time for `tokens` tokens."""
-    if model.token_delay_s > 0 and tokens > 0:
-        await asyncio.sleep(model.token_delay_s * tokens)
+async def pace(gen: Generation, tokens: int) -> None:
+    """Wait until the first `tokens` output tokens are due (simulated decoding time)."""
+    if tokens > 0:
+        await asyncio.sleep(max(gen.times[tokens - 1] - time.time(), 0.0))

@@ -4,7 +4,10 @@
 prompt, as `encode(reply) + [<|im_end|>]`, cut by SGLang's rules (a stop/eos token ends it and is
 included in output_ids; a stop string ends it, the text stops before it; max_new_tokens ends it with
 finish `length`). It also simulates a prefix cache (cached_tokens = longest common prefix with the
-last 64 sequences served) and appends one JSON line per generation to the sample log.
+last 64 sequences served), plans when each token is sent (`times`: wall-clock seconds, one token
+every `token_delay_ms` after the request arrived, plus the policy's pause after the token that
+completes its `pause_after` text; routes wait until those times) and appends one JSON line per
+generation to the sample log (with `t`, those times).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class Generation:
     texts: list[str]  # texts[k]: visible text after k tokens, each a prefix of texts[-1]
     cached_tokens: int
     started: float  # time.perf_counter() when the request arrived
+    times: list[float]  # times[k]: when output token k is sent (time.time())
 
     @property
     def text(self) -> str:
@@ -93,8 +97,9 @@ class ScriptedModel:
                 f"{self.context_length} tokens: {n_prompt} tokens of input and {budget} tokens "
                 f"for the completion."
             )
+        now = time.time()
         reply = self.policy.reply(self.fmt.decode(prompt_ids))
-        planned = self.fmt.encode(reply) + [self.fmt.im_end_id]
+        planned = self.fmt.encode(reply.text) + [self.fmt.im_end_id]
         output_ids, finish, text = self._cut(planned, budget, params)
         skip = params.skip_special_tokens
         texts = [
@@ -103,9 +108,14 @@ class ScriptedModel:
         ] + [text]
         cached = max((_common_length(prompt_ids, seq) for seq in self._cache), default=0)
         self._cache.append(prompt_ids + output_ids)
+        n = len(output_ids)
+        pause_after = n if reply.pause_at is None else next(
+            (k for k in range(1, n + 1) if len(texts[k]) >= reply.pause_at), n)
+        times = [now + k * self.token_delay_s + (reply.pause_s if k > pause_after else 0.0)
+                 for k in range(1, n + 1)]
         gen = Generation(
             rid, prompt_ids, output_ids, logprobs(prompt_ids, output_ids), finish, texts,
-            cached, started,
+            cached, started, times,
         )
         self._record(route, gen)
         return gen
@@ -136,6 +146,7 @@ class ScriptedModel:
             "route": route, "rid": gen.rid, "input_ids": gen.prompt_ids,
             "output_ids": gen.output_ids, "output_logprobs": gen.logprobs,
             "finish_reason": gen.finish_reason, "weight_version": self.weight_version,
+            "t": gen.times,
         }
         self._log.write(json.dumps(line) + "\n")
         self._log.flush()
