@@ -6,8 +6,9 @@ A rules file is a YAML list of `{when: REGEX, reply: TEMPLATE}`, each rule optio
 `match.expand(reply)` is the reply's text (`\\g<name>` inserts a group; backslashes are escapes,
 as in `re.sub`). No match: the empty reply. A `Reply` also says where decoding pauses: after the
 token that completes the first `pause_after` in the text (`pause_at`: that end's offset), for
-`pause_s` seconds. A malformed file raises ConfigError naming the file, the rule index and the field. `logprobs` is a pure function of (prompt ids, position,
-token), each value in [-5, -0.01].
+`pause_s` seconds. A malformed file raises ConfigError naming the file, the rule index and the
+field. `logprobs` is a pure function of (prompt ids, position, token), each value in
+[-5, -0.01].
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ and `meta`: the rid, chain and retry notes). `BadRequest` is the harness's fault
 `assistant_message(outcome)` is the reply as an OpenAI Chat assistant message, and `same_message`
 compares two messages the way a re-sent history must match (ids and formatting of JSON arguments
 ignored). `StreamEvents` is the base of each API's streamed answer (`delta(piece)`: a piece of
-content or, once complete, a tool call). `sse(data, event)` is one Server-Sent Event; `usage(outcome)` the token counts;
-`number(body, key, kind)`, `stops(body, key)` and `array(body, key)` read optional fields or
-raise BadRequest naming them.
+content or, once complete, a tool call). `sse(data, event)` is one Server-Sent Event;
+`usage(outcome)` the token counts; `number(body, key, kind)`, `stops(body, key)` and
+`array(body, key)` read optional fields or raise BadRequest naming them.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import time
 from typing import Any
 
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, assistant_message, decode_object, number, sse, stops, usage,
+    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, assistant_message, decode_object,
+    number, sse, stops, usage,
 )
 
 API = "openai_chat"
