@@ -80,7 +80,11 @@ def codex(proxy_url: str, token: str, model: str, workspace: Path):
 
 def claude_code(proxy_url: str, token: str, model: str, workspace: Path):
     env = {"ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": token, "ANTHROPIC_MODEL": model,
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
+           "ANTHROPIC_SMALL_FAST_MODEL": model, "CLAUDE_CONFIG_DIR": str(workspace / ".claude"),
+           "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "65536", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "4096",
+           "IS_SANDBOX": "1",  # lets root skip permission prompts
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+           "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
     return 'claude -p --dangerously-skip-permissions "$POLAR_INSTRUCTION"', env
 
 
@@ -92,10 +96,14 @@ def opencode(proxy_url: str, token: str, model: str, workspace: Path):
             "options": {"baseURL": f"{proxy_url}/v1", "apiKey": token},
             "models": {model: {"name": model}},
         }},
-        "model": f"polar/{model}", "autoupdate": False,
+        "model": f"polar/{model}", "small_model": f"polar/{model}", "autoupdate": False,
+        "share": "disabled", "permission": "allow",
     }
     _write(workspace / "opencode.json", json.dumps(config, indent=2))
-    return 'opencode run "$POLAR_INSTRUCTION"', {}
+    env = {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+           "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_SHARE": "1"}
+    # --title: a given title spares the extra call that would name the session
+    return 'opencode run --pure --auto --title polar "$POLAR_INSTRUCTION"', env
 
 
 def qwen_code(proxy_url: str, token: str, model: str, workspace: Path):
