@@ -107,7 +107,20 @@ def opencode(proxy_url: str, token: str, model: str, workspace: Path):
 
 
 def qwen_code(proxy_url: str, token: str, model: str, workspace: Path):
-    env = {"OPENAI_BASE_URL": f"{proxy_url}/v1", "OPENAI_API_KEY": token, "OPENAI_MODEL": model}
+    settings = {
+        "security": {"auth": {"selectedType": "openai"}}, "general": {"enableAutoUpdate": False},
+        "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
+        "model": {"name": model, "generationConfig": {"contextWindowSize": 65536}},
+        "tools": {"approvalMode": "yolo"},
+        "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False,
+                   "enableAutoSkill": False},  # background agents: extra model calls
+    }
+    home = workspace / ".qwen"
+    _write(home / "settings.json", json.dumps(settings, indent=2))
+    env = {"OPENAI_BASE_URL": f"{proxy_url}/v1", "OPENAI_API_KEY": token, "OPENAI_MODEL": model,
+           "QWEN_HOME": str(home), "QWEN_CODE_MAX_OUTPUT_TOKENS": "4096",
+           "QWEN_TELEMETRY_ENABLED": "0", "QWEN_USAGE_STATISTICS_ENABLED": "0",
+           "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}  # the polar sandbox is its sandbox
     return 'qwen --yolo -p "$POLAR_INSTRUCTION"', env
 
 
