@@ -103,7 +103,7 @@ def opencode(proxy_url: str, token: str, model: str, workspace: Path):
     env = {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_SHARE": "1"}
     # --title: a given title spares the extra call that would name the session
-    return 'opencode run --pure --auto --title polar "$POLAR_INSTRUCTION"', env
+    return 'opencode run --pure --auto --title polar < "$POLAR_INSTRUCTION_FILE"', env
 
 
 def qwen_code(proxy_url: str, token: str, model: str, workspace: Path):

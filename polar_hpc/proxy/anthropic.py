@@ -3,7 +3,8 @@
 - `parse(raw) -> (body, Call)`: `system` (a string or text blocks) and `messages` (string content,
   or `text` / `tool_use` / `tool_result` blocks; `thinking` blocks are skipped) become Chat
   messages (a user turn's tool results become `tool` messages; a `system` turn, as Claude Code
-  sends mid-conversation, stays a system message); `tools` with an `input_schema` become Chat tools; `max_tokens` is required, as Anthropic requires it.
+  sends mid-conversation, stays a system message); `tools` with an `input_schema` become Chat
+  tools; `max_tokens` is required, as Anthropic requires it.
 - `response(outcome, body, model, call_id)`: the `message` object (`text` and `tool_use` blocks,
   `stop_reason` end_turn | tool_use | max_tokens, usage).
 - `Events`: message_start, a text block streamed as `text_delta`s while sampled, one `tool_use`
