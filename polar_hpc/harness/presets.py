@@ -7,13 +7,17 @@ is always the session token and the model name the task's `harness.env` POLAR_MO
 `polar`: the proxy answers any model name with the run's model). `harness.command` replaces the
 preset's command; `harness.env` is applied last.
 
+Each preset keeps its harness offline (no telemetry, update checks or side calls that would open a
+second trace), non-interactive and with every permission granted (the sandbox is the boundary);
+those that size their own requests are given `CONTEXT_TOKENS` and `OUTPUT_TOKENS`.
+
 | kind | API | config written | command |
 | --- | --- | --- | --- |
 | mini_swe_agent | OpenAI Chat (litellm) | `.polar/mini.yaml` | `mini -y --exit-immediately` |
 | codex | OpenAI Responses, streaming | `~/.codex/config.toml` (custom provider) | `codex exec` |
-| claude_code | Anthropic Messages | env (ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY) | `claude -p` |
-| opencode | OpenAI Chat | `opencode.json` (openai-compatible provider) | `opencode run` |
-| qwen_code | OpenAI Chat | env (OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL) | `qwen -p` |
+| claude_code | Anthropic Messages, streaming | env only (ANTHROPIC_*, IS_SANDBOX) | `claude -p` |
+| opencode | OpenAI Chat, streaming | `opencode.json` (openai-compatible provider) | `opencode run` |
+| qwen_code | OpenAI Chat, streaming | `~/.qwen/settings.json`, env OPENAI_* | `qwen --yolo -p` |
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from polar_hpc.config import Task
 from polar_hpc.harness import shell
 
 _DIR = ".polar"
+CONTEXT_TOKENS = 65536  # the context claude_code and qwen_code assume (examples/harnesses/topology.yaml)
+OUTPUT_TOKENS = 4096  # their cap on a reply: their default (32000) overflows such a context
 
 
 def launch(
@@ -80,7 +86,12 @@ def codex(proxy_url: str, token: str, model: str, workspace: Path):
 
 def claude_code(proxy_url: str, token: str, model: str, workspace: Path):
     env = {"ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": token, "ANTHROPIC_MODEL": model,
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"}
+           "ANTHROPIC_SMALL_FAST_MODEL": model, "CLAUDE_CONFIG_DIR": str(workspace / ".claude"),
+           "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(CONTEXT_TOKENS),
+           "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(OUTPUT_TOKENS),
+           "IS_SANDBOX": "1",  # lets root skip permission prompts
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+           "DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1"}
     return 'claude -p --dangerously-skip-permissions "$POLAR_INSTRUCTION"', env
 
 
@@ -92,14 +103,31 @@ def opencode(proxy_url: str, token: str, model: str, workspace: Path):
             "options": {"baseURL": f"{proxy_url}/v1", "apiKey": token},
             "models": {model: {"name": model}},
         }},
-        "model": f"polar/{model}", "autoupdate": False,
+        "model": f"polar/{model}", "small_model": f"polar/{model}", "autoupdate": False,
+        "share": "disabled", "permission": "allow",
     }
     _write(workspace / "opencode.json", json.dumps(config, indent=2))
-    return 'opencode run "$POLAR_INSTRUCTION"', {}
+    env = {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
+           "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_SHARE": "1"}
+    # --title: a given title spares the extra call that would name the session
+    return 'opencode run --pure --auto --title polar < "$POLAR_INSTRUCTION_FILE"', env
 
 
 def qwen_code(proxy_url: str, token: str, model: str, workspace: Path):
-    env = {"OPENAI_BASE_URL": f"{proxy_url}/v1", "OPENAI_API_KEY": token, "OPENAI_MODEL": model}
+    settings = {
+        "security": {"auth": {"selectedType": "openai"}}, "general": {"enableAutoUpdate": False},
+        "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False},
+        "model": {"name": model, "generationConfig": {"contextWindowSize": CONTEXT_TOKENS}},
+        "tools": {"approvalMode": "yolo"},
+        "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False,
+                   "enableAutoSkill": False},  # background agents: extra model calls
+    }
+    home = workspace / ".qwen"
+    _write(home / "settings.json", json.dumps(settings, indent=2))
+    env = {"OPENAI_BASE_URL": f"{proxy_url}/v1", "OPENAI_API_KEY": token, "OPENAI_MODEL": model,
+           "QWEN_HOME": str(home), "QWEN_CODE_MAX_OUTPUT_TOKENS": str(OUTPUT_TOKENS),
+           "QWEN_TELEMETRY_ENABLED": "0", "QWEN_USAGE_STATISTICS_ENABLED": "0",
+           "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}  # the polar sandbox is its sandbox
     return 'qwen --yolo -p "$POLAR_INSTRUCTION"', env
 
 

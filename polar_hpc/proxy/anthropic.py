@@ -2,8 +2,9 @@
 
 - `parse(raw) -> (body, Call)`: `system` (a string or text blocks) and `messages` (string content,
   or `text` / `tool_use` / `tool_result` blocks; `thinking` blocks are skipped) become Chat
-  messages (a user turn's tool results become `tool` messages); `tools` with an `input_schema`
-  become Chat tools; `max_tokens` is required, as Anthropic requires it.
+  messages (a user turn's tool results become `tool` messages; a `system` turn, as Claude Code
+  sends mid-conversation, stays a system message); `tools` with an `input_schema` become Chat
+  tools; `max_tokens` is required, as Anthropic requires it.
 - `response(outcome, body, model, call_id)`: the `message` object (`text` and `tool_use` blocks,
   `stop_reason` end_turn | tool_use | max_tokens, usage).
 - `Events` (a `StreamEvents`): message_start, a text block streamed as `text_delta`s while
@@ -78,9 +79,12 @@ def _text(content: Any, where: str) -> str:
 
 
 def _add_turn(messages: list[dict[str, Any]], turn: Any, where: str) -> None:
-    if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant"):
-        raise BadRequest(f"{where}.role: must be 'user' or 'assistant'", f"{where}.role")
+    if not isinstance(turn, dict) or turn.get("role") not in ("user", "assistant", "system"):
+        raise BadRequest(f"{where}.role: must be 'user', 'assistant' or 'system'", f"{where}.role")
     content = turn.get("content")
+    if turn["role"] == "system":  # Claude Code sends system reminders as their own turns
+        messages.append({"role": "system", "content": _text(content, f"{where}.content")})
+        return
     blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
     if not isinstance(blocks, list):
         raise BadRequest(f"{where}.content: must be a string or an array of blocks", f"{where}.content")

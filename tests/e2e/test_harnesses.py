@@ -1,5 +1,9 @@
 """Real harnesses, installed from their registries, run unchanged in the sandbox through the proxy
-(tito mode) and the scripted engine (examples/harnesses/rules.yaml), and solve the calculator task.
+(tito mode) and the scripted engine (examples/harnesses/rules.yaml), and solve the calculator task:
+each session is one token-exact trace over the API its harness speaks.
+
+The npm harnesses are looked up under .ci/node (where .ci/run installs them) and on PATH; a
+missing one is skipped with its install line, or fails when POLAR_REQUIRE_HARNESSES is set.
 """
 
 from __future__ import annotations
@@ -7,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -14,16 +19,27 @@ from conftest import polar
 from e2e.helpers import check_fidelity, engine_samples, trajectories
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "harnesses"
+NODE_BIN = EXAMPLES.parents[1] / ".ci" / "node" / "node_modules" / ".bin"
+PATH = f"{NODE_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+
+pytestmark = pytest.mark.timeout(300)  # one harness run: two sessions, a few engine calls each
 
 
-CODEX_BIN = EXAMPLES.parents[1] / ".ci" / "node" / "node_modules" / ".bin"
+class Harness(NamedTuple):
+    kind: str
+    api: str
+    streamed: bool
+    exe: str | None = None  # the npm harness's command, None for mini (in the dev group)
+    package: str | None = None  # its npm package, pinned as .ci/run pins it
 
 
-def run(task: str, run_dir: Path, **kwargs) -> str:
-    result = polar("run", EXAMPLES / task, "-c", EXAMPLES / "topology.yaml", "--run-dir", run_dir,
-                   timeout=300, **kwargs)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result.stdout
+HARNESSES = [
+    Harness("mini_swe_agent", "openai_chat", streamed=False),
+    Harness("codex", "openai_responses", True, "codex", "@openai/codex@0.171.0"),
+    Harness("claude_code", "anthropic_messages", True, "claude", "@anthropic-ai/claude-code@2.1.332"),
+    Harness("opencode", "openai_chat", True, "opencode", "opencode-ai@1.18.33"),
+    Harness("qwen_code", "openai_chat", True, "qwen", "@qwen-code/qwen-code@0.24.4"),
+]
 
 
 def check_sessions(run_dir: Path, task_id: str, n: int, api: str, streamed: bool) -> None:
@@ -40,18 +56,16 @@ def check_sessions(run_dir: Path, task_id: str, n: int, api: str, streamed: bool
         assert (t.metadata["streamed_calls"] == calls) is streamed
 
 
-def test_mini_swe_agent_solves_the_calculator(tmp_path: Path) -> None:
-    out = run("mini_swe_agent.yaml", tmp_path / "run")
-    assert "2 written: 2 completed" in out
-    check_sessions(tmp_path / "run", "calculator-mini-swe-agent", 2, "openai_chat", streamed=False)
-
-
-def test_codex_solves_the_calculator(tmp_path: Path) -> None:
-    path = f"{CODEX_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
-    if shutil.which("codex", path=path) is None:
+@pytest.mark.parametrize("harness", HARNESSES, ids=[h.kind for h in HARNESSES])
+def test_harness_solves_the_calculator(harness: Harness, tmp_path: Path) -> None:
+    if harness.exe and shutil.which(harness.exe, path=PATH) is None:
         if os.environ.get("POLAR_REQUIRE_HARNESSES"):
-            pytest.fail("codex is not installed (.ci/run installs it under .ci/node)")
-        pytest.skip("codex is not installed: npm install --prefix .ci/node @openai/codex@0.171.0")
-    out = run("codex.yaml", tmp_path / "run", env={**os.environ, "PATH": path})
-    assert "2 written: 2 completed" in out
-    check_sessions(tmp_path / "run", "calculator-codex", 2, "openai_responses", streamed=True)
+            pytest.fail(f"{harness.exe} is not installed (.ci/run installs it under .ci/node)")
+        pytest.skip(f"{harness.exe} is not installed: npm install --prefix .ci/node {harness.package}")
+    run_dir = tmp_path / "run"
+    result = polar("run", EXAMPLES / f"{harness.kind}.yaml", "-c", EXAMPLES / "topology.yaml",
+                   "--run-dir", run_dir, timeout=280, env={**os.environ, "PATH": PATH})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 written: 2 completed" in result.stdout
+    task_id = "calculator-" + harness.kind.replace("_", "-")
+    check_sessions(run_dir, task_id, 2, harness.api, harness.streamed)

@@ -11,7 +11,7 @@ import yaml
 
 from conftest import polar
 from polar_hpc.config import Task
-from polar_hpc.harness.presets import PRESETS, launch
+from polar_hpc.harness.presets import CONTEXT_TOKENS, PRESETS, launch
 
 URL, TOKEN = "http://127.0.0.1:4321", "tok-abc"
 
@@ -39,13 +39,33 @@ def test_codex_config_is_a_custom_responses_provider(tmp_path: Path):
     assert command.startswith("codex exec")
 
 
-def test_other_presets_and_overrides(tmp_path: Path):
-    _, env = launch(task("claude_code"), URL, TOKEN, "s", tmp_path)
+def test_claude_code_env_is_offline_and_sized(tmp_path: Path):
+    command, env = launch(task("claude_code"), URL, TOKEN, "s", tmp_path)
     assert env["ANTHROPIC_BASE_URL"] == URL and env["ANTHROPIC_API_KEY"] == TOKEN
-    launch(task("opencode"), URL, TOKEN, "s", tmp_path)
-    provider = json.loads((tmp_path / "opencode.json").read_text())["provider"]["polar"]
-    assert provider["options"] == {"baseURL": URL + "/v1", "apiKey": TOKEN}
+    assert env["ANTHROPIC_MODEL"] == env["ANTHROPIC_SMALL_FAST_MODEL"] == "polar"
+    assert env["IS_SANDBOX"] == "1" and env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == str(CONTEXT_TOKENS)
+    assert env["CLAUDE_CONFIG_DIR"] == str(tmp_path / ".claude")
+    assert command.startswith("claude -p --dangerously-skip-permissions")
+
+
+def test_opencode_config_is_an_openai_compatible_provider(tmp_path: Path):
+    command, env = launch(task("opencode", env={"POLAR_MODEL": "qwen"}), URL, TOKEN, "s", tmp_path)
+    config = json.loads((tmp_path / "opencode.json").read_text())
+    assert config["provider"]["polar"]["options"] == {"baseURL": URL + "/v1", "apiKey": TOKEN}
+    assert config["model"] == config["small_model"] == "polar/qwen"
+    assert config["permission"] == "allow" and config["autoupdate"] is False
+    assert "--title" in command and command.endswith('< "$POLAR_INSTRUCTION_FILE"')
+    assert env["OPENCODE_DISABLE_AUTOUPDATE"] == "1"
+
+
+def test_qwen_code_settings_and_overrides(tmp_path: Path):
     command, env = launch(task("qwen_code", command="qwen -p hi", env={"X": "1"}), URL, TOKEN, "s", tmp_path)
+    settings = json.loads((tmp_path / ".qwen" / "settings.json").read_text())
+    assert settings["security"]["auth"]["selectedType"] == "openai"
+    assert settings["model"]["generationConfig"]["contextWindowSize"] == CONTEXT_TOKENS
+    assert settings["memory"]["enableManagedAutoMemory"] is False
+    assert env["QWEN_HOME"] == str(tmp_path / ".qwen") and env["OPENAI_BASE_URL"] == URL + "/v1"
     assert command == "qwen -p hi" and env["X"] == "1" and env["OPENAI_MODEL"] == "polar"
     assert set(PRESETS) == {"mini_swe_agent", "codex", "claude_code", "opencode", "qwen_code"}
 
