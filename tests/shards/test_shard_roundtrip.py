@@ -35,11 +35,24 @@ def test_accepts_run_dir_shards_dir_or_file(tmp_path, make_traj):
 
 
 def test_unencodable_trajectory_leaves_shard_untouched(tmp_path, make_traj):
+    with pytest.raises(OverflowError):
+        Trace([2**31], [], [], [], [], [], "stop", [], [])  # outside int32
     bad = make_traj()
-    bad.traces[0].prompt_ids[0] = 2**31  # outside int32
+    bad.traces[0].response_ids = list(bad.traces[0].response_ids)  # not the int32 array a Trace holds
     with ShardWriter(tmp_path, "gw0", 1 << 20, 60) as w:
-        with pytest.raises(OverflowError):
+        with pytest.raises(TypeError, match=r"trace field response_ids is list, not array\('i'\)"):
             w.append(bad)
         assert list(tmp_path.iterdir()) == []
         w.append(make_traj())
     assert len(list(iter_trajectories(tmp_path))) == 1
+
+
+def test_record_of_more_buffers_than_one_writev_takes(tmp_path, make_traj):
+    """300 traces are 1200 token buffers, past IOV_MAX (1024): the record still lands whole."""
+    many = make_traj("a", 0, n=5)
+    many.traces *= 300
+    with ShardWriter(tmp_path, "gw0", 1 << 20, 60) as w:
+        w.append(many)
+        w.append(make_traj("b", 0))
+    assert [len(t.traces) for t in iter_trajectories(tmp_path)] == [300, 1]
+    assert verify(tmp_path) == []
