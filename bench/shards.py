@@ -7,7 +7,8 @@ the chat request and reply), turned into 50 traces of 4096 tokens by the real bu
 `ShardWriter.append` of every record (encoding, CRC, `writev`, periodic fdatasync, background
 seals with fsync, rename and index) until `close()` returns. Raw = the bytes those shards hold,
 written to one new file with plain sequential `write`s, then sealed the same way (fsync, rename,
-fsync of the folder). Writer and raw alternate over `--rounds` rounds; each figure is the median.
+fsync of the folder). After one untimed writer pass (which yields the bytes raw writes), writer
+and raw alternate over `--rounds` rounds, taking turns at going first; each figure is the median.
 Read = `iter_trajectories` over the shards (checksums, decoding into the traces' arrays). The line
 before the JSON gives the builder's and the encoder's own speed (no file) for context.
 
@@ -107,15 +108,18 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="polar-bench-shards-", dir=args.dir))
     write_s, raw_s, read_s = [], [], []
     try:
+        write_round(root / "warmup", records)  # untimed: the bytes raw writes, and a warm start
+        shards = sorted((root / "warmup").glob("*.shard"))
+        data = b"".join(p.read_bytes() for p in shards)
+        shutil.rmtree(root / "warmup")
         for n in range(args.rounds):
             folder = root / f"round{n}"
-            folder.mkdir()
-            write_s.append(write_round(folder, records))
-            shards = sorted(folder.glob("*.shard"))
-            data = b"".join(p.read_bytes() for p in shards)
-            raw_s.append(raw_round(root, data))
-            size = len(data)
-            del data
+            if n % 2:  # alternate which goes first
+                raw_s.append(raw_round(root, data))
+                write_s.append(write_round(folder, records))
+            else:
+                write_s.append(write_round(folder, records))
+                raw_s.append(raw_round(root, data))
             (root / "raw.bin").unlink()
             t0 = time.perf_counter()
             n_read = sum(1 for _ in iter_trajectories(folder))
@@ -124,7 +128,7 @@ def main() -> None:
             shutil.rmtree(folder)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    mb = size / 1e6
+    mb = len(data) / 1e6
     write, raw, read = (statistics.median(s) for s in (write_s, raw_s, read_s))
     figures = {
         "write_MBps": round(mb / write, 1),

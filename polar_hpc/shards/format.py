@@ -36,7 +36,7 @@ FRAME = struct.Struct("<II")  # payload length, crc32 of payload
 
 _LITTLE = sys.byteorder == "little"
 
-Buffer = bytes | memoryview | array
+Buffer = bytes | memoryview  # memoryviews of format "B": len() is their size in bytes
 
 
 class FormatError(Exception):
@@ -60,11 +60,10 @@ _payload_decoder = msgspec.msgpack.Decoder()
 
 def frame(parts: list[Buffer]) -> list[Buffer]:
     """The on-disk buffers of one record whose payload is the concatenation of `parts`."""
-    length, crc = 0, 0
+    crc = 0
     for part in parts:
-        length += memoryview(part).nbytes
         crc = deflate.crc32(part, crc)
-    return [FRAME.pack(length, crc), *parts]
+    return [FRAME.pack(sum(map(len, parts)), crc), *parts]
 
 
 def encode_header(writer: str, seq: int, created: float) -> bytes:
@@ -82,21 +81,19 @@ def decode_header(payload: bytes) -> Header:
 
 
 def encode_trajectory(traj: Trajectory) -> list[Buffer]:
-    """Payload of `traj`, as buffers to write one after another (the traces' arrays among them, not
-    copied on little-endian hosts); raises TypeError for odd metadata or a packed field that is
-    not the array a Trace holds."""
-    fields = msgspec.structs.asdict(traj)
-    traces = fields.pop("traces")
+    """Payload of `traj`, as buffers to write one after another (byte views of the traces' arrays
+    among them, not copied on little-endian hosts); raises TypeError for odd metadata or a packed
+    field that is not the array a Trace holds."""
+    small = _pairs({f: getattr(traj, f) for f in _TRAJECTORY_FIELDS}, len(_TRAJECTORY_FIELDS) + 1)
+    small += _TRACES_KEY + _array_header(len(traj.traces))
     parts: list[Buffer] = []
-    small = _map_header(len(fields) + 1) + _pairs(fields) + _TRACES_KEY + _array_header(len(traces))
-    for trace in traces:
-        rest = msgspec.structs.asdict(trace)
-        small += _map_header(len(rest)) + _pairs({k: v for k, v in rest.items() if k not in PACKED})
+    for trace in traj.traces:
+        small += _pairs({f: getattr(trace, f) for f in _TRACE_FIELDS}, len(_TRACE_FIELDS) + len(PACKED))
         for name, code in PACKED.items():
-            values = rest[name]
-            if not isinstance(values, array) or values.typecode != code:
+            values = getattr(trace, name)
+            if type(values) is not array or values.typecode != code:
                 raise TypeError(f"trace field {name} is {type(values).__name__}, not array({code!r})")
-            parts += [small + _KEYS[name] + _bin_header(4 * len(values)), _little(values)]
+            parts += [small + _KEYS[name] + _bin_header(4 * len(values)), memoryview(_little(values)).cast("B")]
             small = b""
     if small:
         parts.append(small)
@@ -112,9 +109,11 @@ def decode_trajectory(payload: bytes) -> Trajectory:
         raise FormatError(-1, f"bad trajectory record: {e!r}") from None
 
 
-def _pairs(fields: dict[str, Any]) -> bytes:
-    """The msgpack key/value pairs of `fields`, without their map header."""
-    return _encoder.encode(fields)[len(_map_header(len(fields))) :]
+def _pairs(fields: dict[str, Any], n: int) -> bytes:
+    """The msgpack header of a map of `n` entries, then the key/value pairs of `fields` (its first
+    entries; the caller appends the rest)."""
+    encoded = _encoder.encode(fields)
+    return _map_header(n) + encoded[len(_map_header(len(fields))) :]
 
 
 def _map_header(n: int) -> bytes:
@@ -131,6 +130,8 @@ def _bin_header(n: int) -> bytes:
 
 _TRACES_KEY = _encoder.encode("traces")
 _KEYS = {name: _encoder.encode(name) for name in PACKED}
+_TRAJECTORY_FIELDS = tuple(f for f in Trajectory.__struct_fields__ if f != "traces")
+_TRACE_FIELDS = tuple(f for f in Trace.__struct_fields__ if f not in PACKED)  # packed ones go last
 
 
 def read_frames(f: BinaryIO, start: int = 0) -> Iterator[tuple[int, bytes]]:

@@ -224,15 +224,14 @@ def _index_shard(directory: Path, name: str, seq: int, index_file: Path) -> None
 def _write_all(f: BinaryIO, parts: list[Buffer]) -> None:
     """Hand all of `parts`, in order, to the OS (unbuffered `f`'s offset moves on) with as few
     `writev` calls as it takes: one takes at most IOV_MAX buffers, and may take only part of them."""
-    views = [memoryview(p).cast("B") for p in parts]
-    fd, i = f.fileno(), 0
-    while i < len(views):
-        written = os.writev(fd, views[i : i + _IOV_MAX])
-        while i < len(views) and written >= views[i].nbytes:
-            written -= views[i].nbytes
+    parts, fd, i = list(parts), f.fileno(), 0
+    while i < len(parts):
+        written = os.writev(fd, parts[i : i + _IOV_MAX])
+        while i < len(parts) and written >= len(parts[i]):
+            written -= len(parts[i])
             i += 1
         if written:
-            views[i] = views[i][written:]
+            parts[i] = memoryview(parts[i])[written:]
 
 
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
