@@ -117,15 +117,23 @@ def _pairs(fields: dict[str, Any], n: int) -> bytes:
 
 
 def _map_header(n: int) -> bytes:
-    return bytes([0x80 | n]) if n < 16 else (b"\xde" + struct.pack(">H", n) if n < 1 << 16 else b"\xdf" + struct.pack(">I", n))
+    return _sized(n, 0x80, b"\xde", b"\xdf")
 
 
 def _array_header(n: int) -> bytes:
-    return bytes([0x90 | n]) if n < 16 else (b"\xdc" + struct.pack(">H", n) if n < 1 << 16 else b"\xdd" + struct.pack(">I", n))
+    return _sized(n, 0x90, b"\xdc", b"\xdd")
 
 
 def _bin_header(n: int) -> bytes:
-    return b"\xc4" + bytes([n]) if n < 1 << 8 else (b"\xc5" + struct.pack(">H", n) if n < 1 << 16 else b"\xc6" + struct.pack(">I", n))
+    return b"\xc4" + bytes([n]) if n < 1 << 8 else _sized(n, None, b"\xc5", b"\xc6")
+
+
+def _sized(n: int, fix: int | None, tag16: bytes, tag32: bytes) -> bytes:
+    """msgpack's header of a value of `n` entries or bytes: one byte `fix | n` below 16 (when the type
+    has that form), else a tag and a big-endian u16 or u32."""
+    if fix is not None and n < 16:
+        return bytes([fix | n])
+    return tag16 + struct.pack(">H", n) if n < 1 << 16 else tag32 + struct.pack(">I", n)
 
 
 _TRACES_KEY = _encoder.encode("traces")

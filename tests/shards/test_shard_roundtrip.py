@@ -11,6 +11,7 @@ def test_round_trip_exact(tmp_path, make_traj):
         make_traj("a", 0),
         make_traj("a", 1, reward=None, status="timeout", n=2000),
         make_traj("b", 0, n=0),
+        make_traj("c", 0, n=17000),  # 68,000-byte arrays: msgpack's bin32
     ]
     originals[0].traces.append(
         Trace([5], [6, 7], [1, 1], [float("-inf"), -3.5], [], [], "length", ["v2"], [4])
