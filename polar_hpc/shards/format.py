@@ -82,18 +82,19 @@ def decode_header(payload: bytes) -> Header:
 
 def encode_trajectory(traj: Trajectory) -> list[Buffer]:
     """Payload of `traj`, as buffers to write one after another (byte views of the traces' arrays
-    among them, not copied on little-endian hosts); raises TypeError for odd metadata or a packed
-    field that is not the array a Trace holds."""
-    small = _pairs({f: getattr(traj, f) for f in _TRAJECTORY_FIELDS}, len(_TRAJECTORY_FIELDS) + 1)
-    small += _TRACES_KEY + _array_header(len(traj.traces))
+    among them, not copied on little-endian hosts, each a msgpack bin 32); raises TypeError for odd
+    metadata or a packed field that is not the array a Trace holds."""
+    fields = _encoder.encode({f: getattr(traj, f) for f in _TRAJECTORY_FIELDS})
+    small = _TRAJECTORY_HEAD + fields[1:] + _TRACES_KEY + _array_header(len(traj.traces))
     parts: list[Buffer] = []
     for trace in traj.traces:
-        small += _pairs({f: getattr(trace, f) for f in _TRACE_FIELDS}, len(_TRACE_FIELDS) + len(PACKED))
-        for name, code in PACKED.items():
+        small += _TRACE_HEAD + _encoder.encode({f: getattr(trace, f) for f in _TRACE_FIELDS})[1:]
+        for name, code, key in _PACKED_KEYS:
             values = getattr(trace, name)
             if type(values) is not array or values.typecode != code:
                 raise TypeError(f"trace field {name} is {type(values).__name__}, not array({code!r})")
-            parts += [small + _KEYS[name] + _bin_header(4 * len(values)), memoryview(_little(values)).cast("B")]
+            parts.append(small + key + _U32.pack(4 * len(values)))
+            parts.append(memoryview(values if _LITTLE else _swapped(values)).cast("B"))
             small = b""
     if small:
         parts.append(small)
@@ -109,37 +110,21 @@ def decode_trajectory(payload: bytes) -> Trajectory:
         raise FormatError(-1, f"bad trajectory record: {e!r}") from None
 
 
-def _pairs(fields: dict[str, Any], n: int) -> bytes:
-    """The msgpack header of a map of `n` entries, then the key/value pairs of `fields` (its first
-    entries; the caller appends the rest)."""
-    encoded = _encoder.encode(fields)
-    return _map_header(n) + encoded[len(_map_header(len(fields))) :]
-
-
-def _map_header(n: int) -> bytes:
-    return _sized(n, 0x80, b"\xde", b"\xdf")
-
-
 def _array_header(n: int) -> bytes:
-    return _sized(n, 0x90, b"\xdc", b"\xdd")
+    return bytes([0x90 | n]) if n < 16 else (b"\xdc" + struct.pack(">H", n) if n < 1 << 16 else b"\xdd" + _U32.pack(n))
 
 
-def _bin_header(n: int) -> bytes:
-    return b"\xc4" + bytes([n]) if n < 1 << 8 else _sized(n, None, b"\xc5", b"\xc6")
-
-
-def _sized(n: int, fix: int | None, tag16: bytes, tag32: bytes) -> bytes:
-    """msgpack's header of a value of `n` entries or bytes: one byte `fix | n` below 16 (when the type
-    has that form), else a tag and a big-endian u16 or u32."""
-    if fix is not None and n < 16:
-        return bytes([fix | n])
-    return tag16 + struct.pack(">H", n) if n < 1 << 16 else tag32 + struct.pack(">I", n)
-
-
-_TRACES_KEY = _encoder.encode("traces")
-_KEYS = {name: _encoder.encode(name) for name in PACKED}
+# A trace map holds its other fields, then the packed ones (each key followed by bin 32's tag and
+# size). Both structs have under 16 fields, so msgpack gives their maps a one-byte header (fixmap):
+# the pairs of a map of some fields are its encoding after that byte.
+_U32 = struct.Struct(">I")
 _TRAJECTORY_FIELDS = tuple(f for f in Trajectory.__struct_fields__ if f != "traces")
-_TRACE_FIELDS = tuple(f for f in Trace.__struct_fields__ if f not in PACKED)  # packed ones go last
+_TRACE_FIELDS = tuple(f for f in Trace.__struct_fields__ if f not in PACKED)
+assert len(Trajectory.__struct_fields__) < 16 and len(Trace.__struct_fields__) < 16
+_TRAJECTORY_HEAD = bytes([0x80 | len(Trajectory.__struct_fields__)])
+_TRACE_HEAD = bytes([0x80 | len(Trace.__struct_fields__)])
+_TRACES_KEY = _encoder.encode("traces")
+_PACKED_KEYS = [(name, code, _encoder.encode(name) + b"\xc6") for name, code in PACKED.items()]
 
 
 def read_frames(f: BinaryIO, start: int = 0) -> Iterator[tuple[int, bytes]]:
@@ -167,10 +152,8 @@ def read_frames(f: BinaryIO, start: int = 0) -> Iterator[tuple[int, bytes]]:
         offset += FRAME.size + length
 
 
-def _little(values: array) -> array:
-    """`values` itself on little-endian hosts, else a byteswapped copy."""
-    if _LITTLE:
-        return values
+def _swapped(values: array) -> array:
+    """A byteswapped copy of `values` (little-endian bytes, on a big-endian host)."""
     swapped = array(values.typecode, values)
     swapped.byteswap()
     return swapped
