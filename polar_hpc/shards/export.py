@@ -6,7 +6,7 @@ Rows come from `iter_trajectories` (the journal decides which attempt counts), o
 `trace_index`, `prompt_ids` and `response_ids` (list<int32>), `loss_mask` (list<int8>),
 `logprobs` (list<float32>), `finish_reason`, `weight_versions` (list<string>), `call_indices`
 (list<int32>), and `messages`, `tools`, `metadata` as JSON text (their shapes vary per row).
-Token columns are numpy views of the traces' arrays until the writer converts them.
+Token columns leave the traces as numpy views of their arrays (the mask as an int8 copy).
 The file is written under a temporary name and renamed when complete.
 """
 
