@@ -105,11 +105,11 @@ def pad_batch(trajectories: Iterable[Trajectory], pad_id: int = 0, max_len: int 
     }
     for row, (_, _, trace) in enumerate(rows):
         p, total = len(trace.prompt_ids), trace.n_tokens
-        batch["input_ids"][row, :p] = trace.prompt_ids
-        batch["input_ids"][row, p:total] = trace.response_ids
+        batch["input_ids"][row, :p] = np.frombuffer(trace.prompt_ids, dtype=np.int32)
+        batch["input_ids"][row, p:total] = np.frombuffer(trace.response_ids, dtype=np.int32)
         batch["attention_mask"][row, :total] = 1
-        batch["loss_mask"][row, p:total] = trace.loss_mask
-        batch["logprobs"][row, p:total] = trace.logprobs
+        batch["loss_mask"][row, p:total] = np.frombuffer(trace.loss_mask, dtype=np.int32)
+        batch["logprobs"][row, p:total] = np.frombuffer(trace.logprobs, dtype=np.float32)
     return batch
 
 

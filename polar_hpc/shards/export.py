@@ -6,6 +6,7 @@ Rows come from `iter_trajectories` (the journal decides which attempt counts), o
 `trace_index`, `prompt_ids` and `response_ids` (list<int32>), `loss_mask` (list<int8>),
 `logprobs` (list<float32>), `finish_reason`, `weight_versions` (list<string>), `call_indices`
 (list<int32>), and `messages`, `tools`, `metadata` as JSON text (their shapes vary per row).
+Token columns leave the traces as numpy views of their arrays (the mask as an int8 copy).
 The file is written under a temporary name and renamed when complete.
 """
 
@@ -16,6 +17,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from polar_hpc.config import ConfigError
 from polar_hpc.shards.batch import Filter
@@ -37,10 +40,10 @@ def trace_rows(run_dir: Path, filter: Filter | None = None) -> Iterator[dict[str
                 "status": traj.status,
                 "reward": traj.reward,
                 "trace_index": i,
-                "prompt_ids": trace.prompt_ids,
-                "response_ids": trace.response_ids,
-                "loss_mask": trace.loss_mask,
-                "logprobs": trace.logprobs,
+                "prompt_ids": np.frombuffer(trace.prompt_ids, dtype=np.int32),
+                "response_ids": np.frombuffer(trace.response_ids, dtype=np.int32),
+                "loss_mask": np.frombuffer(trace.loss_mask, dtype=np.int32).astype(np.int8),
+                "logprobs": np.frombuffer(trace.logprobs, dtype=np.float32),
                 "finish_reason": trace.finish_reason,
                 "weight_versions": trace.weight_versions,
                 "call_indices": trace.call_indices,
@@ -70,7 +73,7 @@ def _jsonl(rows: Iterator[dict[str, Any]], path: Path) -> int:
     n = 0
     with open(path, "w") as f:
         for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write(json.dumps(row, ensure_ascii=False, default=np.ndarray.tolist) + "\n")
             n += 1
     return n
 

@@ -1,9 +1,9 @@
 """One writer's append-only shards: `ShardWriter(shards_dir, writer_id, max_bytes, max_age_s)`.
 
 Records go to a hidden temp file `.<name>.tmp` in `shards_dir`, each handed to the OS whole as it
-is appended (a failed append is cut back off). A shard is sealed when it reaches `max_bytes`
-(checked on append) or `max_age_s` after it was opened (checked on append and by `maybe_roll()`,
-which the owner should call periodically), and by `close()`. Sealing happens on a background
+is appended, with `os.writev` of its buffers (a failed append is cut back off). A shard is sealed
+when it reaches `max_bytes` (checked on append) or `max_age_s` after it was opened (checked on
+append and by `maybe_roll()`, which the owner should call periodically), and by `close()`. Sealing happens on a background
 thread, in order, so the caller (the gateway's event loop) never waits on the filesystem: fsync the
 temp file, rename it to `<name>` = `<writer_id>-<seq:06d>.shard`, fsync the directory, then append
 the shard to the writer's index (polar_hpc.shards.index). Readers, which skip hidden files, only
@@ -33,6 +33,7 @@ from polar_hpc.shards import index
 from polar_hpc.shards.format import (
     FRAME,
     MAGIC,
+    Buffer,
     FormatError,
     encode_header,
     encode_trajectory,
@@ -138,7 +139,7 @@ class ShardWriter:
     def _open(self) -> None:
         self._name = shard_name(self.writer_id, self._seq)
         self._file = open(self.dir / _temp_name(self._name), "xb", buffering=0)
-        _write_all(self._file, MAGIC + frame(encode_header(self.writer_id, self._seq, time.time())))
+        _write_all(self._file, [MAGIC, *frame([encode_header(self.writer_id, self._seq, time.time())])])
         self._opened = time.monotonic()
         self._count = 0
         self._synced = 0
@@ -220,11 +221,20 @@ def _index_shard(directory: Path, name: str, seq: int, index_file: Path) -> None
     log.info("indexed %s, sealed but missing from %s", name, index_file)
 
 
-def _write_all(f: BinaryIO, data: bytes) -> None:
-    """Hand all of `data` to the OS (an unbuffered write may take only part of it)."""
-    view = memoryview(data)
-    while view:
-        view = view[f.write(view) :]
+def _write_all(f: BinaryIO, parts: list[Buffer]) -> None:
+    """Hand all of `parts`, in order, to the OS (unbuffered `f`'s offset moves on) with as few
+    `writev` calls as it takes: one takes at most IOV_MAX buffers, and may take only part of them."""
+    parts, fd, i = list(parts), f.fileno(), 0
+    while i < len(parts):
+        written = os.writev(fd, parts[i : i + _IOV_MAX])
+        while i < len(parts) and written >= len(parts[i]):
+            written -= len(parts[i])
+            i += 1
+        if written:
+            parts[i] = memoryview(parts[i])[written:]
+
+
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
 
 
 def _temp_name(name: str) -> str:

@@ -20,6 +20,7 @@ with its output ids, an unknown kind or an unsupported api raises ValueError.
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 from polar_hpc.trajectory.messages import assistant_message, request_messages, request_tools
@@ -82,28 +83,30 @@ def _merge(records: list[CallRecord]) -> tuple[list[_Chain], list[str]]:
 
 
 class _Chain:
-    """The growing token sequence of one chain of calls, with its mask and logprobs."""
+    """The growing token sequence of one chain of calls, with its mask and logprobs, as the
+    arrays a Trace holds (filled from the engine's ids in C, no per-token Python work)."""
 
     def __init__(self, number: int, record: CallRecord) -> None:
         self.number = number
         self.n_prompt = len(record.prompt_ids)
-        self.tokens = list(record.prompt_ids) + list(record.output_ids)
-        self.mask = [1] * len(record.output_ids)
-        self.logprobs = list(record.output_logprobs)
+        self.tokens = array("i", record.prompt_ids)
+        self.tokens.extend(record.output_ids)
+        self.mask = array("i", [1]) * len(record.output_ids)
+        self.logprobs = array("f", record.output_logprobs)
         self.records = [record]
 
     def extended_by(self, record: CallRecord) -> bool:
         n = len(self.tokens)
-        return len(record.prompt_ids) >= n and record.prompt_ids[:n] == self.tokens
+        return len(record.prompt_ids) >= n and array("i", record.prompt_ids[:n]) == self.tokens
 
     def extend(self, record: CallRecord) -> None:
         glue = record.prompt_ids[len(self.tokens) :]
-        self.tokens += glue
-        self.mask += [0] * len(glue)
-        self.logprobs += [0.0] * len(glue)
-        self.tokens += record.output_ids
-        self.mask += [1] * len(record.output_ids)
-        self.logprobs += record.output_logprobs
+        self.tokens.extend(glue)
+        self.mask += array("i", [0]) * len(glue)
+        self.logprobs += array("f", [0.0]) * len(glue)
+        self.tokens.extend(record.output_ids)
+        self.mask += array("i", [1]) * len(record.output_ids)
+        self.logprobs.extend(record.output_logprobs)
         self.records.append(record)
 
     def break_reason(self, record: CallRecord) -> str:

@@ -5,10 +5,16 @@ A trace is one token sequence `prompt_ids + response_ids`; `loss_mask` and `logp
 logprob is 0.0). `weight_versions` and `call_indices` hold one entry per model call merged into the
 trace, in call order. Constructing either struct with misaligned lists, or a trajectory with an
 unknown status, raises ValueError.
+
+The token ids and loss mask are held as `array('i')` (int32), the logprobs as `array('f')`
+(float32): a trace's tokens are one flat buffer each, which shard writing hands to the OS as is.
+A trace given other sequences converts them (OverflowError for an id outside int32); compare with
+lists through `.tolist()`.
 """
 
 from __future__ import annotations
 
+from array import array
 from typing import Any
 
 import msgspec
@@ -16,11 +22,16 @@ import msgspec
 STATUSES = ("completed", "error", "timeout", "cancelled")
 
 
+assert array("i").itemsize == 4 and array("f").itemsize == 4, "array('i') / array('f') must be 4 bytes"
+
+PACKED = {"prompt_ids": "i", "response_ids": "i", "loss_mask": "i", "logprobs": "f"}  # trace field -> array code
+
+
 class Trace(msgspec.Struct):
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float]
+    prompt_ids: array
+    response_ids: array
+    loss_mask: array
+    logprobs: array
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     finish_reason: str
@@ -28,6 +39,10 @@ class Trace(msgspec.Struct):
     call_indices: list[int]
 
     def __post_init__(self) -> None:
+        for name, code in PACKED.items():
+            values = getattr(self, name)
+            if not (isinstance(values, array) and values.typecode == code):
+                setattr(self, name, array(code, values))
         n = len(self.response_ids)
         if len(self.loss_mask) != n or len(self.logprobs) != n:
             raise ValueError(

@@ -47,14 +47,14 @@ def check_fidelity(trace, samples: dict[tuple, dict]) -> int:
     """Each sampled run of a merged trace (loss mask 1) is exactly what the engine sampled after
     the tokens before it, ids and logprobs; unsampled tokens have logprob 0. Returns the number
     of engine calls the trace holds."""
-    sequence = trace.prompt_ids + trace.response_ids
-    runs = _runs(trace.loss_mask)
+    sequence = (trace.prompt_ids + trace.response_ids).tolist()
+    runs = _runs(trace.loss_mask.tolist())
     for start, end in runs:
         prompt = tuple(sequence[: len(trace.prompt_ids) + start])
         assert prompt in samples, "the engine never received this prompt"
         engine = samples[prompt]
-        assert trace.response_ids[start:end] == engine["output_ids"]
-        assert trace.logprobs[start:end] == engine["output_logprobs"]
+        assert trace.response_ids[start:end].tolist() == engine["output_ids"]
+        assert trace.logprobs[start:end].tolist() == engine["output_logprobs"]
     assert all(lp == 0.0 for lp, m in zip(trace.logprobs, trace.loss_mask) if not m)
     return len(runs)
 

@@ -87,6 +87,6 @@ def test_per_request_gives_one_trace_per_call(tmp_path: Path, calculator_dir: Pa
         assert len(t.traces) == 2
         for trace in t.traces:
             engine = samples[tuple(trace.prompt_ids)]
-            assert trace.response_ids == engine["output_ids"]
-            assert trace.logprobs == engine["output_logprobs"]
-            assert trace.loss_mask == [1] * len(trace.response_ids)
+            assert trace.response_ids.tolist() == engine["output_ids"]
+            assert trace.logprobs.tolist() == engine["output_logprobs"]
+            assert trace.loss_mask.tolist() == [1] * len(trace.response_ids)

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import struct
 
+from polar_hpc.shards.format import encode_trajectory, frame
 from polar_hpc.trajectory.model import Trace, Trajectory
 
 
 def f32(x: float) -> float:
     return struct.unpack("<f", struct.pack("<f", x))[0]
+
+
+def record_bytes(traj: Trajectory) -> bytes:
+    """The on-disk bytes of `traj`'s record (the writer hands them to the OS as separate buffers)."""
+    return b"".join(frame(encode_trajectory(traj)))
 
 
 def make_trajectory(

@@ -22,11 +22,11 @@ def test_pad_batch_aligns_masks_and_logprobs_with_tokens():
     assert batch["input_ids"].shape == (3, 10) and batch["input_ids"].dtype == np.int64
     assert batch["trajectory"].tolist() == [0, 0, 1] and batch["lengths"].tolist() == [10, 3, 6]
     first = a.traces[0]
-    assert batch["input_ids"][0].tolist() == first.prompt_ids + first.response_ids
+    assert batch["input_ids"][0].tolist() == (first.prompt_ids + first.response_ids).tolist()
     assert batch["input_ids"][1].tolist() == [9, 8, 7] + [-1] * 7
     assert batch["attention_mask"][1].tolist() == [1, 1, 1] + [0] * 7
-    assert batch["loss_mask"][0].tolist() == [0] * 4 + first.loss_mask
-    assert batch["logprobs"][0, 4:].tolist() == first.logprobs and batch["logprobs"][0, :4].tolist() == [0] * 4
+    assert batch["loss_mask"][0].tolist() == [0] * 4 + first.loss_mask.tolist()
+    assert batch["logprobs"][0, 4:].tolist() == first.logprobs.tolist() and batch["logprobs"][0, :4].tolist() == [0] * 4
     assert batch["loss_mask"][1].tolist() == [0, 0, 1] + [0] * 7
     assert batch["rewards"][:2].tolist() == [1.0, 1.0] and math.isnan(batch["rewards"][2])
     with pytest.raises(ValueError, match="task 'a' sample 0: a trace of 10 tokens is longer than max_len 8"):

@@ -44,8 +44,8 @@ def test_parquet_round_trip_and_datasets(run, tmp_path):
     for row, hf, (traj, i, trace) in zip(table, loaded, _expected(run), strict=True):
         for got in (row, hf):
             assert got["session_id"] == traj.session_id and got["trace_index"] == i
-            assert got["prompt_ids"] == trace.prompt_ids and got["response_ids"] == trace.response_ids
-            assert got["loss_mask"] == trace.loss_mask and got["logprobs"] == trace.logprobs
+            assert got["prompt_ids"] == trace.prompt_ids.tolist() and got["response_ids"] == trace.response_ids.tolist()
+            assert got["loss_mask"] == trace.loss_mask.tolist() and got["logprobs"] == trace.logprobs.tolist()
             assert got["reward"] == traj.reward and json.loads(got["messages"]) == trace.messages
             assert json.loads(got["metadata"]) == traj.metadata
 
@@ -57,8 +57,8 @@ def test_jsonl_round_trip_with_filter(run, tmp_path):
     expected = [(t, i, tr) for t, i, tr in _expected(run) if t.status == "completed"]
     for got, (traj, i, trace) in zip(lines, expected, strict=True):
         assert (got["task_id"], got["sample_index"], got["trace_index"]) == (traj.task_id, traj.sample_index, i)
-        assert got["response_ids"] == trace.response_ids and got["loss_mask"] == trace.loss_mask
-        assert got["logprobs"] == trace.logprobs  # float32 values print and parse back exactly
+        assert got["response_ids"] == trace.response_ids.tolist() and got["loss_mask"] == trace.loss_mask.tolist()
+        assert got["logprobs"] == trace.logprobs.tolist()  # float32 values print and parse back exactly
 
 
 def test_unknown_format_is_refused(run, tmp_path):

@@ -58,9 +58,9 @@ def test_layout_matches_doc(tmp_path, make_traj):
     for key in ("prompt_ids", "response_ids", "loss_mask"):
         raw = trace[key]
         assert isinstance(raw, bytes) and len(raw) == 4 * len(getattr(expected, key))
-        assert list(struct.unpack(f"<{len(raw) // 4}i", raw)) == getattr(expected, key)
+        assert list(struct.unpack(f"<{len(raw) // 4}i", raw)) == getattr(expected, key).tolist()
     raw = trace["logprobs"]
-    assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == expected.logprobs
+    assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == expected.logprobs.tolist()
     assert record["task_id"] == "a" and record["sample_index"] == 3 and record["reward"] == 1.0
     assert record["metadata"] == traj.metadata and trace["call_indices"] == [0, 1]
 
@@ -79,5 +79,5 @@ def test_doc_example_reader_runs(tmp_path, make_traj, monkeypatch):
     assert header["writer"] == "gw" and len(records) == 2
     for got, want in zip(records, trajs):
         tr, exp = got["traces"][0], want.traces[0]
-        assert tr["prompt_ids"] == exp.prompt_ids and tr["response_ids"] == exp.response_ids
-        assert tr["loss_mask"] == exp.loss_mask and tr["logprobs"] == exp.logprobs
+        assert tr["prompt_ids"] == exp.prompt_ids.tolist() and tr["response_ids"] == exp.response_ids.tolist()
+        assert tr["loss_mask"] == exp.loss_mask.tolist() and tr["logprobs"] == exp.logprobs.tolist()

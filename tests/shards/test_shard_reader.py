@@ -3,7 +3,8 @@ from __future__ import annotations
 import logging
 
 from polar_hpc.shards import ShardWriter, iter_trajectories, rows, summarize, verify
-from polar_hpc.shards.format import FRAME, MAGIC, encode_trajectory, frame
+from polar_hpc.shards.format import FRAME, MAGIC, frame
+from shards.helpers import record_bytes
 
 
 def _write(run, writer, trajs, per_shard=2):
@@ -67,8 +68,8 @@ def test_good_checksum_bad_payload_is_a_problem(tmp_path, make_traj):
     shard = tmp_path / "shards" / "a-000001.shard"
     end = shard.stat().st_size
     with open(shard, "ab") as f:
-        f.write(frame(b"\x93\x01\x02\x03"))  # valid msgpack, not a trajectory
-        f.write(frame(encode_trajectory(make_traj("a", 1))))
+        f.write(b"".join(frame([b"\x93\x01\x02\x03"])))  # valid msgpack, not a trajectory
+        f.write(record_bytes(make_traj("a", 1)))
     (problem,) = verify(shard)
     assert problem.startswith(f"{shard}: byte offset {end}: bad trajectory record")
     assert [t.sample_index for t in iter_trajectories(shard)] == [0]

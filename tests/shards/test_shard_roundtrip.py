@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from polar_hpc.shards import ShardWriter, iter_trajectories, shard_files, verify
+from polar_hpc.shards import ShardWriter, iter_trajectories, shard_files, verify, writer
 from polar_hpc.trajectory.model import Trace
 
 
@@ -11,6 +13,7 @@ def test_round_trip_exact(tmp_path, make_traj):
         make_traj("a", 0),
         make_traj("a", 1, reward=None, status="timeout", n=2000),
         make_traj("b", 0, n=0),
+        make_traj("c", 0, n=17000),  # 68,000-byte arrays: msgpack's bin32
     ]
     originals[0].traces.append(
         Trace([5], [6, 7], [1, 1], [float("-inf"), -3.5], [], [], "length", ["v2"], [4])
@@ -35,11 +38,39 @@ def test_accepts_run_dir_shards_dir_or_file(tmp_path, make_traj):
 
 
 def test_unencodable_trajectory_leaves_shard_untouched(tmp_path, make_traj):
+    with pytest.raises(OverflowError):
+        Trace([2**31], [], [], [], [], [], "stop", [], [])  # outside int32
     bad = make_traj()
-    bad.traces[0].prompt_ids[0] = 2**31  # outside int32
+    bad.traces[0].response_ids = list(bad.traces[0].response_ids)  # not the int32 array a Trace holds
     with ShardWriter(tmp_path, "gw0", 1 << 20, 60) as w:
-        with pytest.raises(OverflowError):
+        with pytest.raises(TypeError, match=r"trace field response_ids is list, not array\('i'\)"):
             w.append(bad)
         assert list(tmp_path.iterdir()) == []
         w.append(make_traj())
     assert len(list(iter_trajectories(tmp_path))) == 1
+
+
+def test_record_of_more_buffers_than_one_writev_takes(tmp_path, make_traj):
+    """300 traces are 1200 token buffers, past IOV_MAX (1024): the record still lands whole."""
+    many = make_traj("a", 0, n=5)
+    many.traces *= 300
+    with ShardWriter(tmp_path, "gw0", 1 << 20, 60) as w:
+        w.append(many)
+        w.append(make_traj("b", 0))
+    assert list(iter_trajectories(tmp_path)) == [many, make_traj("b", 0)]
+    assert verify(tmp_path) == []
+
+
+def test_short_writes_are_resumed_mid_buffer(tmp_path, make_traj, monkeypatch):
+    """A writev that takes only part of what it is given (as the OS may) is continued exactly."""
+    real = os.writev
+
+    def short(fd, buffers):  # hand over at most 1001 bytes, cutting a buffer in the middle
+        return real(fd, [b"".join(buffers[:8])[:1001]])
+
+    monkeypatch.setattr(writer.os, "writev", short)
+    trajs = [make_traj("a", 0, n=700), make_traj("b", 0)]
+    with ShardWriter(tmp_path, "gw0", 1 << 20, 60) as w:
+        for t in trajs:
+            w.append(t)
+    assert list(iter_trajectories(tmp_path)) == trajs

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from polar_hpc.shards import ShardWriter, index, iter_trajectories, verify
-from polar_hpc.shards.format import FRAME, frame, encode_trajectory
+from polar_hpc.shards.format import FRAME
+from shards.helpers import record_bytes
 
 
 def listing(path):
@@ -23,7 +24,7 @@ def indexed(path, writer="gw"):
 
 
 def test_rollover_by_size(tmp_path, make_traj):
-    size = len(frame(encode_trajectory(make_traj())))
+    size = len(record_bytes(make_traj()))
     w = ShardWriter(tmp_path, "gw", max_bytes=3 * size, max_age_s=60)
     names = [w.append(make_traj("t", i)) for i in range(7)]
     # header + 3 records passes 3 * size: each shard holds three
@@ -105,7 +106,7 @@ def _run_and_kill(shards, record_size):
 
 
 def test_killed_writer_leaves_no_partial_shard(tmp_path, make_traj):
-    size = len(frame(encode_trajectory(make_traj())))
+    size = len(record_bytes(make_traj()))
     names = _run_and_kill(tmp_path, size)
     assert names == ["gw-000001.shard"] * 3 + ["gw-000002.shard"] * 3 + ["gw-000003.shard"] * 2
     assert listing(tmp_path) == [".gw-000003.shard.tmp", "gw-000001.shard", "gw-000002.shard"]
@@ -114,11 +115,11 @@ def test_killed_writer_leaves_no_partial_shard(tmp_path, make_traj):
 
 
 def test_restarted_writer_salvages_dead_temp(tmp_path, make_traj, caplog):
-    size = len(frame(encode_trajectory(make_traj())))
+    size = len(record_bytes(make_traj()))
     _run_and_kill(tmp_path, size)
     temp = tmp_path / ".gw-000003.shard.tmp"
     with open(temp, "ab") as f:  # as if killed in the middle of a write
-        f.write(frame(encode_trajectory(make_traj("t", 99)))[: FRAME.size + 10])
+        f.write(record_bytes(make_traj("t", 99))[: FRAME.size + 10])
     with ShardWriter(tmp_path, "gw", 1 << 20, 60) as w:
         assert listing(tmp_path) == ["gw-000001.shard", "gw-000002.shard", "gw-000003.shard"]
         assert indexed(tmp_path) == [("gw-000001.shard", 3), ("gw-000002.shard", 3), ("gw-000003.shard", 2)]

@@ -12,9 +12,10 @@ def test_per_request_one_trace_per_call(record):
     traces, meta = build(records, "per_request")
     assert [t.call_indices for t in traces] == [[0], [1]]
     first = traces[0]
-    assert first.prompt_ids == [1, 2, 3] and first.response_ids == [9, 9]
-    assert first.loss_mask == [1, 1]
-    assert first.logprobs == [-0.5, -0.75]
+    assert first.prompt_ids.tolist() == [1, 2, 3] and first.response_ids.tolist() == [9, 9]
+    assert first.loss_mask.tolist() == [1, 1]
+    assert first.logprobs.tolist() == [-0.5, -0.75]
+    assert [first.response_ids.typecode, first.loss_mask.typecode, first.logprobs.typecode] == ["i", "i", "f"]
     assert first.messages == [
         {"role": "user", "content": "turn 0"},
         {"role": "assistant", "content": "a"},
@@ -31,17 +32,17 @@ def test_prefix_merge_three_call_chain(record):
     traces, meta = build([c2, c0, c1], "prefix_merge")
     assert len(traces) == 1 and meta["chains"] == 1 and meta["chain_breaks"] == []
     (t,) = traces
-    assert t.prompt_ids == [1, 2, 3]
-    assert t.response_ids == [10, 11, 50, 51, 52, 12, 60, 13, 14, 15]
-    assert t.loss_mask == [1, 1, 0, 0, 0, 1, 0, 1, 1, 1]
+    assert t.prompt_ids.tolist() == [1, 2, 3]
+    assert t.response_ids.tolist() == [10, 11, 50, 51, 52, 12, 60, 13, 14, 15]
+    assert t.loss_mask.tolist() == [1, 1, 0, 0, 0, 1, 0, 1, 1, 1]
     lp = c0.output_logprobs + [0.0] * 3 + c1.output_logprobs + [0.0] + c2.output_logprobs
-    assert t.logprobs == lp
+    assert t.logprobs.tolist() == lp
     assert len(t.response_ids) == len(t.loss_mask) == len(t.logprobs)
     # every sampled position carries the engine's logprob, every inserted one 0.0
     assert all((m == 1) == (p != 0.0) for m, p in zip(t.loss_mask, t.logprobs))
     assert t.call_indices == [0, 1, 2] and t.weight_versions == ["v0", "v1", "v1"]
     assert t.messages[-1] == {"role": "assistant", "content": "done"}
-    assert t.prompt_ids + t.response_ids == c2.prompt_ids + c2.output_ids
+    assert t.prompt_ids.tolist() + t.response_ids.tolist() == c2.prompt_ids + c2.output_ids
 
 
 def test_prefix_merge_splits_on_divergence(record):
@@ -56,7 +57,7 @@ def test_prefix_merge_splits_on_divergence(record):
         "call 2: prompt diverges from chain 0 at token 4",
         "call 3: prompt (2 tokens) ends inside chain 1 (7 tokens)",
     ]
-    assert traces[1].loss_mask == [1] and traces[1].prompt_ids == c2.prompt_ids
+    assert traces[1].loss_mask.tolist() == [1] and traces[1].prompt_ids.tolist() == c2.prompt_ids
 
 
 def test_prefix_merge_interleaved_chains(record):
@@ -71,10 +72,10 @@ def test_prefix_merge_interleaved_chains(record):
     ]
     traces, meta = build(records, "prefix_merge")
     assert [t.call_indices for t in traces] == [[0, 2, 4], [1, 3]]
-    assert traces[0].response_ids == [1, 30, 3, 31, 5]
-    assert traces[0].loss_mask == [1, 0, 1, 0, 1]
-    assert traces[1].response_ids == [2, 2, 40, 41, 4]
-    assert traces[1].loss_mask == [1, 1, 0, 0, 1]
+    assert traces[0].response_ids.tolist() == [1, 30, 3, 31, 5]
+    assert traces[0].loss_mask.tolist() == [1, 0, 1, 0, 1]
+    assert traces[1].response_ids.tolist() == [2, 2, 40, 41, 4]
+    assert traces[1].loss_mask.tolist() == [1, 1, 0, 0, 1]
     assert meta["chain_breaks"] == ["call 1: prompt diverges from chain 0 at token 0"]
 
 
@@ -98,7 +99,7 @@ def test_prefix_merge_picks_longer_of_two_matching_chains(record):
     ]
     traces, meta = build(records, "prefix_merge")
     assert [t.call_indices for t in traces] == [[0], [1, 2]]
-    assert traces[1].response_ids == [2, 3, 4, 5, 6] and traces[1].loss_mask == [1, 1, 1, 0, 1]
+    assert traces[1].response_ids.tolist() == [2, 3, 4, 5, 6] and traces[1].loss_mask.tolist() == [1, 1, 1, 0, 1]
     assert meta["chain_breaks"] == ["call 1: prompt (1 tokens) ends inside chain 0 (2 tokens)"]
 
 
