@@ -209,7 +209,7 @@ def main() -> None:
                 for round_ in range(args.rounds):  # interleaved, so load drifts hit all alike
                     got = {}
                     for name, url in targets.items():
-                        tokens = [f"c{c}-{round_}-{i}" for i in range(n)]
+                        tokens = [f"{name}-c{c}-{round_}-{i}" for i in range(n)]
                         if name in PROXIES:
                             gateway.open(name, tokens)
                             expected += 2 * n
