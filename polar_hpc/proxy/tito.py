@@ -1,7 +1,9 @@
 """`tito` capture mode (tokens in, tokens out): the proxy renders, the engine only samples.
 
 `Renderer(folder)` is the model's own tokenizer and chat template (transformers'
-`AutoTokenizer` + `apply_chat_template`, tools included), loaded from a local folder.
+`AutoTokenizer` + `apply_chat_template`, tools included), loaded from a local folder; it keeps
+the last `RENDER_CACHE` renderings (keyed by exactly what the template sees), the tokenizations
+of recent texts and each token's text.
 `Tito(renderer, tool_parser, router)`: `await answer(session, call, emit)` renders
 the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
 `stream` when the harness streams, awaits `emit(text)` for each piece of content as tokens arrive
