@@ -38,7 +38,7 @@ TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
 MIN_SESSIONS = 32  # per round, so that even C=1 yields enough calls for percentiles
-PROXIES = ("proxy", "passthrough")  # target name = the proxy's id; its mode is tito | passthrough
+PROXIES = {"proxy": "tito", "passthrough": "passthrough"}  # target name (the proxy's id): mode
 
 
 class Gateway:
@@ -93,6 +93,14 @@ class Gateway:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"proxy {proxy_id} did not open the sessions")
             time.sleep(0.01)
+
+    def wait_records(self, expected: int) -> None:
+        """Records leave after the answers: give the last ones a moment to arrive."""
+        deadline = time.monotonic() + 10
+        while self.records < expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self.records != expected:
+            raise RuntimeError(f"the proxies recorded {self.records} calls, not {expected}")
 
     def close(self) -> None:
         with self._lock:
@@ -184,10 +192,16 @@ def figures(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
     return out
 
 
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
-    parser.add_argument("--rounds", type=int, default=5, help="Interleaved rounds per concurrency.")
+    parser.add_argument("--concurrency", type=positive, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--rounds", type=positive, default=5, help="Interleaved rounds per concurrency.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pxb") as d:
         tmp = Path(d)
@@ -196,7 +210,7 @@ def main() -> None:
         children, targets = [engine], {"direct": engine_url}
         router = None
         try:
-            for proxy_id, mode in zip(PROXIES, ("tito", "passthrough")):
+            for proxy_id, mode in PROXIES.items():
                 child, targets[proxy_id] = start(proxy_id, [
                     "proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", engine_url,
                     "--mode", mode, "--proxy-id", proxy_id], tmp)
@@ -217,8 +231,7 @@ def main() -> None:
                     rounds.append(got)
                 results[f"c{c}"] = figures(rounds)
                 print(f"c={c}: {json.dumps(results[f'c{c}'])}", file=sys.stderr, flush=True)
-            if gateway.records != expected:
-                raise RuntimeError(f"the proxies recorded {gateway.records} calls, not {expected}")
+            gateway.wait_records(expected)
         finally:
             gateway.close()
             if router is not None:
