@@ -1,16 +1,17 @@
 """What the proxy adds to a call, next to sglang-router, on the same scripted engine, in one run.
 
-One scripted engine; three ways to reach it: directly (its /v1/chat/completions), through the
-polar-hpc proxy (tito mode by default: the proxy renders with the model's tokenizer, streams from
-/generate, parses tool calls and ships a CallRecord per call to a stand-in gateway), and through
-sglang-router (`python -m sglang_router.launch_router`, cache_aware policy, forwarding the same chat
-route). At each concurrency C, C sessions run at once, each a two-call calculator conversation (a
-tool call, then the answer with the history re-sent). Per call latency percentiles and calls/s per
-target, pooled over `--rounds` interleaved rounds; "added" figures are the target's percentile
-minus the direct one. Run it on a quiet machine: every process shares its CPUs. Last line: one JSON
-object {"c1": {...}, "c64": {...}, "c256": {...}}.
+One scripted engine; four ways to reach it: directly (its /v1/chat/completions), through the
+polar-hpc proxy in tito mode (the proxy renders with the model's tokenizer, calls /generate,
+parses tool calls and ships a CallRecord per call to a stand-in gateway), through a second proxy in
+passthrough mode, and through sglang-router (`python -m sglang_router.launch_router`, cache_aware
+policy, forwarding the same chat route). At each concurrency C, a round runs max(C, 32) sessions,
+C at a time (so at C=1 one after another), each a two-call calculator conversation (a tool call,
+then the answer with the history re-sent); `--rounds` rounds interleave the targets. Each figure is
+the median over rounds of that round's per-call latency percentile or calls/s; "added" figures are
+a target's percentile minus the direct one in the same round. Run it on a quiet machine: every
+process shares its CPUs. Last line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
 
-    uv run python bench/proxy.py [--concurrency 1 64 256] [--mode tito|passthrough] [--rounds 3]
+    uv run python bench/proxy.py [--concurrency 1 64 256] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -34,19 +37,21 @@ from polar_hpc import procs, wire
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
+MIN_SESSIONS = 32  # per round, so that even C=1 yields enough calls for percentiles
+PROXIES = {"proxy": "tito", "passthrough": "passthrough"}  # target name (the proxy's id): mode
 
 
 class Gateway:
-    """The proxy's peer: opens sessions, heartbeats, and counts the records it is sent."""
+    """The proxies' peer: opens sessions, heartbeats, and counts the records it is sent."""
 
     def __init__(self, endpoint: str) -> None:
         self.records = 0
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.bind(endpoint)
-        self._peer: bytes | None = None
+        self._peers: dict[str, bytes] = {}  # proxy id -> its ROUTER identity
         self._opened: set[str] = set()
-        self._todo: list[wire.Message] = []
+        self._todo: list[tuple[str, wire.Message]] = []
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -57,37 +62,49 @@ class Gateway:
         last = 0.0
         while not self._done.is_set():
             if self._sock.poll(10):
-                self._peer, data = self._sock.recv_multipart()
+                peer, data = self._sock.recv_multipart()
                 message = wire.decode(data)
                 if isinstance(message, wire.CallRecord):
                     self.records += 1
+                elif isinstance(message, wire.ProxyHello):
+                    self._peers[message.proxy_id] = peer
                 elif isinstance(message, wire.SessionOpened):
-                    with self._lock:
-                        self._opened.add(message.session_id)
-            if self._peer is None:
-                continue
+                    self._opened.add(message.session_id)
             with self._lock:
                 todo, self._todo = self._todo, []
-            for message in todo:
-                self._sock.send_multipart([self._peer, wire.encode(message)])
+            for proxy_id, message in todo:
+                self._sock.send_multipart([self._peers[proxy_id], wire.encode(message)])
             if time.monotonic() - last > 0.3:
-                self._sock.send_multipart([self._peer, beat])
+                for peer in list(self._peers.values()):
+                    self._sock.send_multipart([peer, beat])
                 last = time.monotonic()
         self._sock.close(linger=0)
         self._ctx.term()
 
-    def open(self, tokens: list[str]) -> None:
-        with self._lock:
-            self._todo += [wire.OpenSession(session_id=t, token=t) for t in tokens]
+    def open(self, proxy_id: str, tokens: list[str]) -> None:
         deadline = time.monotonic() + 30
+        while proxy_id not in self._peers:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"proxy {proxy_id} never said hello")
+            time.sleep(0.01)
+        with self._lock:
+            self._todo += [(proxy_id, wire.OpenSession(session_id=t, token=t)) for t in tokens]
         while not set(tokens) <= self._opened:
             if time.monotonic() > deadline:
-                raise RuntimeError("the proxy did not open the sessions")
+                raise RuntimeError(f"proxy {proxy_id} did not open the sessions")
             time.sleep(0.01)
+
+    def wait_records(self, expected: int) -> None:
+        """Records leave after the answers: give the last ones a moment to arrive."""
+        deadline = time.monotonic() + 10
+        while self.records < expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self.records != expected:
+            raise RuntimeError(f"the proxies recorded {self.records} calls, not {expected}")
 
     def close(self) -> None:
         with self._lock:
-            self._todo.append(wire.Shutdown(reason="bench done"))
+            self._todo += [(p, wire.Shutdown(reason="bench done")) for p in self._peers]
         time.sleep(0.3)
         self._done.set()
         self._thread.join(timeout=5)
@@ -110,20 +127,29 @@ async def session(http: aiohttp.ClientSession, url: str, token: str, latencies: 
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": "395"})
 
 
-async def measure(url: str, tokens: list[str], latencies: list[float]) -> float:
-    """Run one session per token at once; add each call's latency; return the wall time."""
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as http:
+async def measure(url: str, tokens: list[str], c: int) -> dict[str, float]:
+    """Run one session per token, `c` at a time; the round's latency percentiles and calls/s."""
+    latencies: list[float] = []
+    gate = asyncio.Semaphore(c)
+
+    async def one(token: str) -> None:
+        async with gate:
+            await session(http, url, token, latencies)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         await session(http, url, tokens[0], [])  # warm the connection and the caches
         t0 = time.perf_counter()
-        await asyncio.gather(*(session(http, url, t, latencies) for t in tokens))
-        return time.perf_counter() - t0
-
-
-def summary(latencies: list[float], wall: float) -> dict[str, float]:
+        await asyncio.gather(*(one(t) for t in tokens[1:]))
+        wall = time.perf_counter() - t0
     q = statistics.quantiles(latencies, n=100, method="inclusive")
-    return {"p50_ms": statistics.median(latencies) * 1000, "p99_ms": q[98] * 1000,
+    return {"p50": statistics.median(latencies) * 1000, "p99": q[98] * 1000,
             "calls_per_s": len(latencies) / wall}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def start(name: str, args: list[str], tmp: Path) -> tuple[procs.Child, str]:
@@ -133,21 +159,16 @@ def start(name: str, args: list[str], tmp: Path) -> tuple[procs.Child, str]:
 
 
 def start_router(engine_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
-         str(port), "--worker-urls", engine_url, "--policy", "cache_aware", "--log-level", "warn"],
+         str(port), "--worker-urls", engine_url, "--policy", "cache_aware", "--log-level", "warn",
+         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
         stdout=open(tmp / "router.log", "w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
         try:
-            import urllib.request
-
             with urllib.request.urlopen(url + "/v1/models", timeout=2):
                 return proc, url
         except OSError:
@@ -156,54 +177,68 @@ def start_router(engine_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
+def figures(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
+    """Medians over rounds; added latency and throughput relative to the same round's direct."""
+    def median(fn) -> float:
+        return round(statistics.median(fn(r) for r in rounds), 3)
+
+    out = {"direct_p50_ms": median(lambda r: r["direct"]["p50"])}
+    for name in ("proxy", "passthrough", "router"):
+        out[f"{name}_p50_ms"] = median(lambda r: r[name]["p50"])
+        out[f"{name}_added_p50_ms"] = median(lambda r: r[name]["p50"] - r["direct"]["p50"])
+        out[f"{name}_added_p99_ms"] = median(lambda r: r[name]["p99"] - r["direct"]["p99"])
+        out[f"{name}_throughput_ratio"] = median(
+            lambda r: r[name]["calls_per_s"] / r["direct"]["calls_per_s"])
+    return out
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
-    parser.add_argument("--mode", default="tito", choices=["tito", "passthrough"])
-    parser.add_argument("--rounds", type=int, default=3, help="Interleaved rounds per target.")
+    parser.add_argument("--concurrency", type=positive, nargs="+", default=[1, 64, 256])
+    parser.add_argument("--rounds", type=positive, default=5, help="Interleaved rounds per concurrency.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pxb") as d:
         tmp = Path(d)
         engine, engine_url = start("engine", ["engine", "--kind", "scripted", "--port", "0"], tmp)
         gateway = Gateway(f"ipc://{tmp}/gw.ipc")
-        proxy, proxy_url = start("proxy", ["proxy", "--gateway", f"ipc://{tmp}/gw.ipc",
-                                           "--engine-url", engine_url, "--mode", args.mode], tmp)
-        router, router_url = start_router(engine_url, tmp)
-        targets = {name: url + "/v1/chat/completions" for name, url in (
-            ("direct", engine_url), ("proxy", proxy_url), ("router", router_url))}
-        figures = {}
+        children, targets = [engine], {"direct": engine_url}
+        router = None
         try:
+            for proxy_id, mode in PROXIES.items():
+                child, targets[proxy_id] = start(proxy_id, [
+                    "proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", engine_url,
+                    "--mode", mode, "--proxy-id", proxy_id], tmp)
+                children.append(child)
+            router, targets["router"] = start_router(engine_url, tmp)
+            results, expected = {}, 0
             for c in args.concurrency:
-                latencies: dict[str, list[float]] = {name: [] for name in targets}
-                walls = dict.fromkeys(targets, 0.0)
+                n = max(c, MIN_SESSIONS) + 1  # the first session warms up
+                rounds = []
                 for round_ in range(args.rounds):  # interleaved, so load drifts hit all alike
+                    got = {}
                     for name, url in targets.items():
-                        tokens = [f"c{c}-{round_}-{i}" for i in range(c)]
-                        if name == "proxy":
-                            gateway.open(tokens)
-                        walls[name] += asyncio.run(measure(url, tokens, latencies[name]))
-                got = {name: summary(latencies[name], walls[name]) for name in targets}
-                d, p, r = got["direct"], got["proxy"], got["router"]
-                figures[f"c{c}"] = {
-                    "direct_p50_ms": round(d["p50_ms"], 2), "proxy_p50_ms": round(p["p50_ms"], 2),
-                    "router_p50_ms": round(r["p50_ms"], 2),
-                    "proxy_added_p50_ms": round(p["p50_ms"] - d["p50_ms"], 2),
-                    "proxy_added_p99_ms": round(p["p99_ms"] - d["p99_ms"], 2),
-                    "router_added_p50_ms": round(r["p50_ms"] - d["p50_ms"], 2),
-                    "router_added_p99_ms": round(r["p99_ms"] - d["p99_ms"], 2),
-                    "proxy_throughput_ratio": round(p["calls_per_s"] / d["calls_per_s"], 3),
-                    "router_throughput_ratio": round(r["calls_per_s"] / d["calls_per_s"], 3),
-                }
-                print(f"c={c}: {json.dumps(figures[f'c{c}'])}", file=sys.stderr, flush=True)
-            expected = sum(2 * (c + 1) * args.rounds for c in args.concurrency)
-            if gateway.records != expected:
-                raise RuntimeError(f"the proxy recorded {gateway.records} calls, not {expected}")
+                        tokens = [f"{name}-c{c}-{round_}-{i}" for i in range(n)]
+                        if name in PROXIES:
+                            gateway.open(name, tokens)
+                            expected += 2 * n
+                        got[name] = asyncio.run(measure(url + "/v1/chat/completions", tokens, c))
+                    rounds.append(got)
+                results[f"c{c}"] = figures(rounds)
+                print(f"c={c}: {json.dumps(results[f'c{c}'])}", file=sys.stderr, flush=True)
+            gateway.wait_records(expected)
         finally:
             gateway.close()
-            router.terminate()
-            router.wait(timeout=10)
-            procs.stop([proxy, engine])
-    print(json.dumps(figures))
+            if router is not None:
+                router.terminate()
+                router.wait(timeout=10)
+            procs.stop(children[::-1])
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

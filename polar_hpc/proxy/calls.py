@@ -6,10 +6,11 @@ sampling limits, and whether to stream. A capture mode (`tito`, `passthrough`) a
 with text deltas as they are sampled and, last, one `Outcome`: the reply (content, tool calls,
 finish reason) and what was captured (prompt ids, sampled ids, logprobs, weight version, engine,
 and `meta`: the rid, chain and retry notes). `BadRequest` is the harness's fault (HTTP 400).
-`assistant_message(outcome)` is the reply as an OpenAI Chat assistant message, and `same_message`
-compares two messages the way a re-sent history must match (ids and formatting of JSON arguments
-ignored). `StreamEvents` is the base of each API's streamed answer (`delta(piece)`: a piece of
-content or, once complete, a tool call). `sse(data, event)` is one Server-Sent Event;
+`assistant_message(outcome)` is the reply as an OpenAI Chat assistant message, and
+`message_key(message)` is what a re-sent history must match, as a hashable tuple (ids and
+formatting of JSON arguments ignored). `StreamEvents` is the base of each API's streamed answer
+(`delta(piece)`: a piece of content or, once complete, a tool call). `sse(data, event)` is one
+Server-Sent Event;
 `usage(outcome)` the token counts; `number(body, key, kind)`, `stops(body, key)` and
 `array(body, key)` read optional fields or raise BadRequest naming them.
 """
@@ -98,16 +99,13 @@ def _arguments(value: Any) -> Any:
     return value
 
 
-def _key(message: dict[str, Any]) -> tuple:
+def message_key(message: dict[str, Any]) -> tuple:
+    """What a re-sent message must keep: role, text, and tool calls' names and arguments."""
     calls = tuple(
         (fn.get("name"), json.dumps(_arguments(fn.get("arguments")), sort_keys=True))
         for fn in ((c.get("function") or c) for c in message.get("tool_calls") or [])
     )
     return (message.get("role"), text_of(message.get("content")), calls)
-
-
-def same_message(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return _key(a) == _key(b)
 
 
 class StreamEvents(ABC):

@@ -1,9 +1,10 @@
-"""The proxy's end of its link to the gateway: a ZeroMQ DEALER with one FIFO outbox.
+"""The proxy's end of its link to the gateway: a ZeroMQ DEALER.
 
 `GatewayLink(ctx, endpoint, peer_timeout_s)` connects to the gateway's ROUTER. `send(message)`
-queues a wire message; `pump()` sends queued messages in order (so every record of a session leaves
-before its SessionClosed) until `close(pump)` flushes and closes the socket. `recv()` returns the
-next decodable message and marks the gateway as heard for `liveness`.
+sends a wire message at once, without waiting: the send queue is unbounded, so messages leave in
+the order `send` was called (every record of a session before its SessionClosed). `recv()` returns
+the next decodable message and marks the gateway as heard for `liveness`. `close()` closes the
+socket, still delivering what is queued for up to half a second.
 """
 
 from __future__ import annotations
@@ -28,18 +29,13 @@ class GatewayLink:
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, peer_timeout_s: float) -> None:
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 500)
+        self._sock.setsockopt(zmq.SNDHWM, 0)  # never wait nor drop: queue until the gateway reads
         self._sock.connect(endpoint)
-        self._outbox: asyncio.Queue[wire.Message | None] = asyncio.Queue()
         self.liveness = wire.Liveness(peer_timeout_s)
         self.liveness.heard(_GATEWAY)
 
     def send(self, message: wire.Message) -> None:
-        self._outbox.put_nowait(message)
-
-    async def pump(self) -> None:
-        """Send queued messages until `close` queues the end marker."""
-        while (message := await self._outbox.get()) is not None:
-            await self._sock.send(wire.encode(message))
+        self._sock.send(wire.encode(message)).add_done_callback(_log_failure)
 
     async def recv(self) -> wire.AnyMessage:
         while True:
@@ -50,9 +46,10 @@ class GatewayLink:
             except (msgspec.DecodeError, msgspec.ValidationError) as e:
                 log.warning("ignoring undecodable message from gateway: %s", e)
 
-    async def close(self, pump: asyncio.Task) -> None:
-        """Flush what is queued (briefly), then close the socket."""
-        self._outbox.put_nowait(None)
-        await asyncio.wait([pump], timeout=1.0)
-        pump.cancel()
+    def close(self) -> None:
         self._sock.close()
+
+
+def _log_failure(sent: asyncio.Future) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        log.error("could not send to the gateway: %s", sent.exception())

@@ -1,4 +1,4 @@
-"""The proxy process: one asyncio loop serving harnesses over HTTP, linked to its gateway by ZeroMQ.
+"""The proxy process: one uvloop event loop serving harnesses over HTTP, linked to its gateway by ZMQ.
 
 `serve(ProxyOptions)` blocks until the gateway sends Shutdown, stays silent for `peer_timeout_s`,
 or the process gets SIGTERM/SIGINT; it then cancels in-flight calls, closes the HTTP server and
@@ -6,7 +6,8 @@ returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError befo
 
 - Once listening it writes `{"url": "http://HOST:PORT"}` to `ready_file` (tmp + os.replace).
 - Gateway link (`gateway_link`): ProxyHello first, Heartbeat every `heartbeat_s`, one CallRecord
-  per answered call and SessionClosed after CloseSession, in order.
+  per answered call (sent once the answer is written) and SessionClosed after CloseSession, in
+  order.
 - Engines (the live engine URLs, relayed by the gateway from the orchestrator) replaces the
   router's membership.
 - Sessions: OpenSession makes calls bearing the token as their API key belong to a session.
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import uvloop
 import zmq.asyncio
 from aiohttp import web
 
@@ -78,7 +80,7 @@ class ProxyOptions:
 
 def serve(opts: ProxyOptions) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s proxy %(levelname)s %(message)s")
-    asyncio.run(_run(opts))
+    uvloop.run(_run(opts))
 
 
 _APIS = (oc, openai_responses, anthropic)
@@ -238,7 +240,24 @@ class _Proxy:
             await reply.stream.write(events.error(e.status, e.message, kind))
             await reply.stream.write_eof()
             return reply.stream
+        t_end = time.time()
         response = api.response(outcome, body, self.opts.model, call.id)
+        answer = _json(200, response) if events is None else None
+        try:  # the harness's answer first; the record is sent even if the call is cancelled now
+            if answer is not None:
+                await answer.prepare(request)
+                await answer.write_eof()
+            else:
+                await begin()
+                await reply.stream.write(events.end(outcome))
+                await reply.stream.write_eof()
+        except ConnectionResetError:  # recorded: the harness saw every token but the last ones
+            log.info("session %s: harness hung up before the end of its answer", session.session_id)
+        finally:
+            self._record(api, session, body, call, outcome, response, (t_start, t_end))
+        return answer if answer is not None else reply.stream
+
+    def _record(self, api, session: _Session, body, call, outcome, response, times) -> None:
         meta = dict(outcome.meta)
         if api is not oc:
             meta["chat"] = {"messages": call.messages, "tools": call.tools,
@@ -249,20 +268,11 @@ class _Proxy:
                 request=body, response=response, prompt_ids=outcome.prompt_ids,
                 output_ids=outcome.output_ids, output_logprobs=outcome.output_logprobs,
                 finish_reason=outcome.finish_reason, weight_version=outcome.weight_version,
-                engine_url=outcome.engine_url, stream=call.stream, t_start=t_start,
-                t_end=time.time(), meta=meta,
+                engine_url=outcome.engine_url, stream=call.stream, t_start=times[0],
+                t_end=times[1], meta=meta,
             )
         )
         session.n_calls += 1
-        if events is None:
-            return _json(200, response)
-        try:
-            await begin()
-            await reply.stream.write(events.end(outcome))
-            await reply.stream.write_eof()
-        except ConnectionResetError:  # recorded: the harness saw every token but the last events
-            log.info("session %s: harness closed its stream at the end", session.session_id)
-        return reply.stream
 
 
 def _json(status: int, body: dict[str, Any]) -> web.Response:
@@ -312,12 +322,7 @@ async def _run(opts: ProxyOptions) -> None:
     if opts.unix_socket is not None:
         await web.UnixSite(runner, str(opts.unix_socket)).start()
     link.send(wire.ProxyHello(proxy_id=opts.proxy_id, url=url))
-    pump = asyncio.create_task(link.pump())
-    tasks = [
-        asyncio.create_task(proxy.gateway_loop()),
-        asyncio.create_task(proxy.heartbeat_loop()),
-        pump,
-    ]
+    tasks = [asyncio.create_task(proxy.gateway_loop()), asyncio.create_task(proxy.heartbeat_loop())]
     warming = asyncio.create_task(mode.warm())
     for task in tasks:
         task.add_done_callback(lambda t: _stop_on_end(t, stop))
@@ -330,10 +335,10 @@ async def _run(opts: ProxyOptions) -> None:
     finally:
         proxy.cancel_calls()
         await runner.cleanup()
-        for task in [*tasks[:2], warming]:
+        for task in [*tasks, warming]:
             task.cancel()
-        await asyncio.gather(*tasks[:2], warming, return_exceptions=True)
-        await link.close(pump)
+        await asyncio.gather(*tasks, warming, return_exceptions=True)
+        link.close()
         await router.close()
         ctx.term()
         log.info("stopped")

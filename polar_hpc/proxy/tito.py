@@ -1,7 +1,9 @@
 """`tito` capture mode (tokens in, tokens out): the proxy renders, the engine only samples.
 
 `Renderer(folder)` is the model's own tokenizer and chat template (transformers'
-`AutoTokenizer` + `apply_chat_template`, tools included), loaded from a local folder.
+`AutoTokenizer` + `apply_chat_template`, tools included), loaded from a local folder; it keeps
+the last `RENDER_CACHE` renderings (keyed by exactly what the template sees), the tokenizations
+of recent texts and each token's text.
 `Tito(renderer, tool_parser, router)`: `await answer(session, call, emit)` renders
 the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
 `stream` when the harness streams, awaits `emit(piece)` for each piece of content as tokens arrive
@@ -23,12 +25,15 @@ import functools
 import json
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, same_message
+import msgspec
+
+from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, message_key
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
 from polar_hpc.proxy.tool_parsers import CallReader, parser_for
@@ -36,6 +41,7 @@ from polar_hpc.proxy.tool_parsers import CallReader, parser_for
 log = logging.getLogger("polar_hpc.proxy")
 
 MAX_CHAINS = 16
+RENDER_CACHE = 64  # renderings kept: the samples of a task share their first prompts
 
 
 class Renderer:
@@ -53,12 +59,21 @@ class Renderer:
         self._fast = getattr(self.tokenizer, "backend_tokenizer", None)
         eos = {self.tokenizer.eos_token_id} | set(_generation_eos(Path(self.folder)))
         self.eos_ids = frozenset(i for i in eos if isinstance(i, int))
+        self._rendered: OrderedDict[bytes, str] = OrderedDict()
 
     def text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
-        return self.tokenizer.apply_chat_template(
+        key = msgspec.json.encode((messages, tools, generation))  # all the template sees, exactly
+        text = self._rendered.get(key)
+        if text is not None:
+            self._rendered.move_to_end(key)
+            return text
+        text = self._rendered[key] = self.tokenizer.apply_chat_template(
             _templated(messages), tools=tools or None, tokenize=False,
             add_generation_prompt=generation,
         )
+        if len(self._rendered) > RENDER_CACHE:
+            self._rendered.popitem(last=False)
+        return text
 
     def encode(self, text: str) -> list[int]:
         return list(self._encode(text))
@@ -69,6 +84,7 @@ class Renderer:
             return tuple(self._fast.encode(text, add_special_tokens=False).ids)
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
+    @functools.lru_cache(maxsize=1 << 16)
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
@@ -112,6 +128,7 @@ def _object_arguments(call: dict) -> dict:
 class _Chain:
     number: int
     messages: list[dict]  # through the last sampled assistant reply
+    keys: list[tuple]  # their `message_key`s
     tools: list[dict] | None
     ids: list[int]  # prompt + sampled ids of the chain's last call
     prompt_text: str  # the rendered prompt of the chain's last call
@@ -127,21 +144,24 @@ class Chains:
     def prompt(self, r: Renderer, call: Call) -> tuple[list[int], _Chain | None, str, str]:
         """(prompt ids, the chain extended or None, why none, the rendered prompt text)."""
         full = r.text(call.messages, call.tools, True)
+        keys = [message_key(m) for m in call.messages]
         why = "first call of the session"
         for chain in reversed(self._chains):
-            glue, why = self._glue(r, chain, call, full)
+            glue, why = self._glue(r, chain, call, keys, full)
             if glue is not None:
                 return chain.ids + r.encode(glue), chain, "", full
         return r.encode(full), None, why, full
 
     @staticmethod
-    def _glue(r: Renderer, chain: _Chain, call: Call, full: str) -> tuple[str | None, str]:
+    def _glue(
+        r: Renderer, chain: _Chain, call: Call, keys: list[tuple], full: str
+    ) -> tuple[str | None, str]:
         """The text after the chain's last reply, when `call` re-sends the chain's history."""
         n, messages = len(chain.messages), call.messages
         if call.tools != chain.tools:
             return None, f"tools differ from chain {chain.number}"
         for i in range(min(n, len(messages))):
-            if not same_message(messages[i], chain.messages[i]):
+            if keys[i] != chain.keys[i]:
                 return None, f"message {i} differs from chain {chain.number}"
         if len(messages) <= n:
             return None, f"conversation does not extend chain {chain.number}"
@@ -158,14 +178,15 @@ class Chains:
 
     def record(self, chain: _Chain | None, call: Call, outcome: Outcome, text: str) -> int:
         messages = [*call.messages, assistant_message(outcome)]
+        keys = [message_key(m) for m in messages]
         ids = outcome.prompt_ids + outcome.output_ids
         if chain is None:
-            chain = _Chain(self.started, messages, call.tools, ids, text)
+            chain = _Chain(self.started, messages, keys, call.tools, ids, text)
             self.started += 1
             self._chains.append(chain)
             del self._chains[:-MAX_CHAINS]
         else:
-            chain.messages, chain.ids, chain.prompt_text = messages, ids, text
+            chain.messages, chain.keys, chain.ids, chain.prompt_text = messages, keys, ids, text
         return chain.number
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from polar_hpc import wire
 from polar_hpc.engines.chat_format import ASSET_DIR, ChatFormat
-from polar_hpc.proxy.tito import Renderer
+from polar_hpc.proxy.tito import RENDER_CACHE, Renderer
 
 from proxy.helpers import CALCULATOR, MODEL, check_capture, extends, start_engine, start_proxy, stop
 
@@ -34,6 +34,25 @@ def test_renderer_is_the_engine_rendering():
     ]
     assert r.encode(r.text(messages, TOOLS, True)) == fmt.encode(fmt.render(messages, TOOLS))
     assert fmt.im_end_id in r.eos_ids
+
+
+def test_renderer_caches_renderings_by_what_the_template_sees(monkeypatch):
+    r = Renderer(ASSET_DIR)
+    renders = []
+    real = r.tokenizer.apply_chat_template
+    monkeypatch.setattr(r.tokenizer, "apply_chat_template",
+                        lambda *a, **k: renders.append(1) or real(*a, **k))
+    hi = [{"role": "user", "content": "Hi"}]
+    first = r.text(hi, TOOLS, True)
+    assert r.text([{"role": "user", "content": "Hi"}], TOOLS, True) == first
+    assert len(renders) == 1
+    assert r.text(hi, None, True) != first  # tools, messages and the generation prompt are the key
+    assert r.text([{"role": "user", "content": "Ho"}], TOOLS, True) != first
+    assert r.text(hi, TOOLS, False) != first
+    assert len(renders) == 4
+    for i in range(RENDER_CACHE):
+        r.text([{"role": "user", "content": str(i)}], None, True)
+    assert r.text(hi, TOOLS, True) == first and len(renders) == 4 + RENDER_CACHE + 1  # evicted
 
 
 @pytest.mark.parametrize("mode", ["tito", "passthrough"])
