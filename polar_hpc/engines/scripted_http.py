@@ -95,7 +95,21 @@ async def sse(request: web.Request, events: AsyncIterator[dict[str, Any]]) -> we
     return response
 
 
-async def pace(model: ScriptedModel, tokens: int = 1) -> None:
-    """Simulated decoding time for `tokens` tokens."""
-    if model.token_delay_s > 0 and tokens > 0:
-        await asyncio.sleep(model.token_delay_s * tokens)
+async def pace(model: ScriptedModel, tokens: int = 1, abort: asyncio.Event | None = None) -> int:
+    """Simulated decoding time for `tokens` tokens; returns how many were decoded before `abort`
+    was set (all of them when it was not)."""
+    if abort is not None and abort.is_set():
+        return 0
+    delay = model.token_delay_s
+    if delay <= 0 or tokens <= 0:
+        return tokens
+    if abort is None:
+        await asyncio.sleep(delay * tokens)
+        return tokens
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    try:
+        await asyncio.wait_for(abort.wait(), delay * tokens)
+    except asyncio.TimeoutError:
+        return tokens
+    return min(tokens - 1, int((loop.time() - t0) / delay))
