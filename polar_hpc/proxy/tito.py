@@ -5,7 +5,8 @@
 `Tito(renderer, tool_parser, router)`: `await answer(session, call, emit)` renders
 the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
 `stream` when the harness streams, awaits `emit(text)` for each piece of content as tokens arrive
-(tool-call text is held back and parsed once complete), and returns the `Outcome`.
+(tool-call text is held back and parsed once complete), and returns the `Outcome`
+(`aborted.Aborted` if the engine aborted the generation).
 
 Drift-free history: `Chains` (one per session) keeps, for each chain of calls, the conversation
 through the last sampled reply and its exact ids (prompt + sampled). When a call re-sends that
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polar_hpc.proxy import aborted
 from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, same_message
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
@@ -243,7 +245,9 @@ class Tito:
     ) -> tuple[dict, str]:
         """The engine's last (cumulative) answer; content is emitted as it grows when streaming."""
         if not body["stream"]:
-            return await client.post_json("/generate", body), client.base_url
+            answer = await client.post_json("/generate", body)
+            aborted.check_generate(answer, started=False)
+            return answer, client.base_url
         sent, last = 0, None
         async for event in client.stream_json("/generate", body):
             last = event
@@ -254,6 +258,7 @@ class Tito:
                 sent = end
         if last is None:
             raise EngineError(502, f"engine at {client.base_url} streamed nothing")
+        aborted.check_generate(last, started=sent > 0)
         content, _ = self.parser.parse(last.get("text") or "", call.tools)
         if content and len(content) > sent and content.startswith((last.get("text") or "")[:sent]):
             await emit(content[sent:])
