@@ -69,7 +69,7 @@ def test_update_weights_while_64_calls_are_mid_flight(tmp_path: Path) -> None:
         old = [t for t, v in later["done_at"] if v == "v0"]
         assert len(old) >= 16 and all(t <= updated_at for t in old)  # in-flight calls ended, on v0, before the swap
         assert later["meta_info"]["weight_version"] == "v1"
-        assert update.engines == [url] and update.errors == [] and update.pause_ms > 0
+        assert update.mode == "wait" and update.engines == [url] and update.errors == [] and update.pause_ms > 0
         members = {m.name: m.detail for m in client.run_status().members if m.kind == "engine"}
         assert members[url].endswith("weights v1")
         client.close()
@@ -94,6 +94,8 @@ def test_a_failing_engine_is_reported(tmp_path: Path) -> None:
                 raise AssertionError("an update no engine took must raise")
             members = {m.name: m.detail for m in client.run_status().members if m.kind == "engine"}
             assert members["http://127.0.0.1:9"].endswith("weights v0")
+            with pytest.raises(ConfigError, match="mode 'sideways' is not known"):
+                client.update_weights(tmp_path / "w", "v1", mode="sideways")
     finally:
         orchestrator.kill()
         orchestrator.wait()
