@@ -23,7 +23,6 @@ from typing import Any
 import pydantic
 
 from polar_hpc.config import ConfigError, Task
-from polar_hpc.shards.batch import version_number
 
 
 @dataclass

@@ -1,9 +1,8 @@
 """Calls the engine aborted (a weight update in `abort` mode) become a retryable error for the harness.
 
-- `check_generate(answer, started)` / `check_chat(answer)`: raise `Aborted` when an engine answer
-  (SGLang /generate, or its last stream event; /v1/chat/completions) ends with finish_reason abort.
-  `Aborted.started`: part of the reply already reached the harness.
-- `answer(api, error, stream, events)`: nothing streamed yet: HTTP 503 with `Retry-After: 1` and
+- `check_generate(answer)` / `check_chat(answer)`: raise `Aborted` when an engine answer (SGLang
+  /generate, or its last stream event; /v1/chat/completions) ends with finish_reason abort.
+- `answer(api, error, stream, events)`: nothing streamed yet (`stream` None): HTTP 503 with `Retry-After: 1` and
   `x-should-retry: true`, the body in the API's error shape (the openai and anthropic SDKs retry
   it). The stream began: the API's own error event, then the end of the stream.
 - An aborted attempt leaves no record; `summary(versions)` is what the session's next record
@@ -21,16 +20,16 @@ RETRY_HEADERS = {"Retry-After": "1", "x-should-retry": "true"}
 
 
 class Aborted(Exception):
-    def __init__(self, message: str, weight_version: str, started: bool = False) -> None:
+    def __init__(self, message: str, weight_version: str) -> None:
         super().__init__(message)
-        self.message, self.weight_version, self.started = message, weight_version, started
+        self.message, self.weight_version = message, weight_version
 
 
-def check_generate(answer: dict[str, Any], started: bool) -> None:
+def check_generate(answer: dict[str, Any]) -> None:
     meta = answer.get("meta_info") or {}
     finish = meta.get("finish_reason")
     if isinstance(finish, dict) and finish.get("type") == "abort":
-        raise Aborted(_message(finish.get("message")), str(meta.get("weight_version", "")), started)
+        raise Aborted(_message(finish.get("message")), str(meta.get("weight_version", "")))
 
 
 def check_chat(answer: dict[str, Any]) -> None:

@@ -246,7 +246,7 @@ class Tito:
         """The engine's last (cumulative) answer; content is emitted as it grows when streaming."""
         if not body["stream"]:
             answer = await client.post_json("/generate", body)
-            aborted.check_generate(answer, started=False)
+            aborted.check_generate(answer)
             return answer, client.base_url
         sent, last = 0, None
         async for event in client.stream_json("/generate", body):
@@ -258,7 +258,7 @@ class Tito:
                 sent = end
         if last is None:
             raise EngineError(502, f"engine at {client.base_url} streamed nothing")
-        aborted.check_generate(last, started=sent > 0)
+        aborted.check_generate(last)
         content, _ = self.parser.parse(last.get("text") or "", call.tools)
         if content and len(content) > sent and content.startswith((last.get("text") or "")[:sent]):
             await emit(content[sent:])
