@@ -1,7 +1,8 @@
 """update_weights through a real orchestrator to a real scripted engine: every engine pauses,
 loads and continues; calls in flight finish (none lost) on the old version, later calls report
 the new one, and the run's status shows the version each engine serves. Sessions that end more
-versions after their dispatch than their batch's max_staleness allows are marked stale."""
+versions after their dispatch than their batch's max_staleness allows are marked stale. An unknown
+update mode is refused (per update, and in the topology before the run starts)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import zmq
 from polar_hpc import wire
 from polar_hpc.client import Client
 from polar_hpc.config import ConfigError
+from tests.conftest import polar
 from tests.orchestrator.helpers import next_message, start_orchestrator
 
 
@@ -160,3 +162,11 @@ def test_an_engine_that_registers_later_gets_the_newest_weights(tmp_path: Path) 
         for proc in (engine, orchestrator):
             proc.kill()
             proc.wait()
+
+
+def test_an_unknown_topology_mode_is_refused_before_the_run_starts(tmp_path: Path) -> None:
+    topology = tmp_path / "topology.yaml"
+    topology.write_text("service:\n  enabled: true\n  weight_update_mode: sideways\n")
+    done = polar("run", "--service", "-c", topology, "--run-dir", tmp_path / "run", timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{topology}:3: service.weight_update_mode:" in done.stderr
