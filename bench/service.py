@@ -3,10 +3,12 @@
 Starts a real orchestrator of a service run (over CURVE, as in a Slurm run) and a scripted engine
 it updates (`--engine-url`); no gateway, so submitted tasks stay queued. `submit_tasks_per_s`:
 N tasks submitted by one `Client` in batches of B, each answered (validated, journaled, queued).
-`weight_update_pause_ms`: the median, over U updates, of the longest time the engine held
-generation (pause, load, continue) while C calls of T tokens (delay D ms per token) were decoding:
-the update waits for them, so this is mostly the calls' remaining time. `idle_pause_ms`: the same
-with no call in flight (the protocol's own cost). The last line is one JSON object.
+`weight_update_pause_ms`: the median, over U updates in `wait` mode, of the longest time the engine
+held generation while C calls of T tokens (delay D ms per token) were decoding: the update waits
+for them, so this is mostly the calls' remaining time. `weight_update_pause_abort_ms`: the same with
+the same C calls in flight, in `abort` mode (pause with abort, load, continue: the calls end at
+once, aborted). `idle_pause_ms`: wait mode with no call in flight (the protocol's own cost). The
+last line is one JSON object.
 
     uv run python bench/service.py [--tasks 20000] [--batch 500] [--updates 5] [--calls 64]
 """
@@ -31,14 +33,15 @@ def task(i: int) -> dict:
     return {"id": f"t{i}", "instruction": "hi", "harness": {"command": "true"}}
 
 
-async def pauses_under_load(client: Client, url: str, args: argparse.Namespace, loaded: bool) -> list[float]:
+async def pauses_under_load(client: Client, url: str, args: argparse.Namespace, loaded: bool,
+                            mode: str = "wait") -> list[float]:
     result = []
     body = {"text": "What is 2 + 2?", "sampling_params": {"max_new_tokens": args.tokens}}
     async with aiohttp.ClientSession() as http:
         for u in range(args.updates):
             calls = [asyncio.create_task(http.post(f"{url}/generate", json=body)) for _ in range(args.calls if loaded else 0)]
             await asyncio.sleep(args.tokens * args.delay_ms / 2000)  # the calls are half way through
-            update = await asyncio.to_thread(client.update_weights, "/tmp/weights", f"v{u + 1}")
+            update = await asyncio.to_thread(client.update_weights, "/tmp/weights", f"{mode}{u + 1}", mode)
             result.append(update.pause_ms)
             for response in await asyncio.gather(*calls):
                 assert response.status == 200
@@ -76,14 +79,16 @@ def main() -> None:
                 submit_s = time.perf_counter() - t0
                 assert client.run_status().total == args.tasks
                 loaded = asyncio.run(pauses_under_load(client, url, args, True))
+                aborting = asyncio.run(pauses_under_load(client, url, args, True, "abort"))
                 idle = asyncio.run(pauses_under_load(client, url, args, False))
         finally:
             procs.stop(children, grace_s=5.0)
     print(f"{args.tasks} tasks submitted in {submit_s:.2f}s; pauses under load {[round(p, 1) for p in loaded]} ms, "
-          f"idle {[round(p, 1) for p in idle]} ms")
+          f"aborting {[round(p, 1) for p in aborting]} ms, idle {[round(p, 1) for p in idle]} ms")
     print(json.dumps({
         "submit_tasks_per_s": round(args.tasks / submit_s, 1),
         "weight_update_pause_ms": round(statistics.median(loaded), 1),
+        "weight_update_pause_abort_ms": round(statistics.median(aborting), 1),
         "idle_pause_ms": round(statistics.median(idle), 1),
         "calls_in_flight": args.calls,
     }))

@@ -16,8 +16,10 @@ One request at a time, each answered by the orchestrator:
   run's StatusReply (engines with their weight versions, versions in flight);
   `cancel(batch_id=... | task_id=...)` -> sessions cancelled; `wait(batch_id)` polls until every
   session of the batch has ended.
-- `update_weights(path, version)`: every engine pauses, loads `path` as `version`, continues;
-  returns WeightsUpdated (engines, longest pause, failures; RuntimeError if every engine failed).
+- `update_weights(path, version, mode=None)`: every engine loads `path` as `version`; calls in
+  flight finish first (`wait`) or are aborted and retried by the harness (`abort`); None: the
+  topology's `service.weight_update_mode`. Returns WeightsUpdated (mode, engines, longest pause,
+  failures; RuntimeError if every engine failed, ConfigError for an unknown mode).
 - `drain()`: no more tasks; the run ends once every session has ended.
 
 No answer within `timeout_s` raises ConnectionError (a wrong key gets none: CURVE drops it).
@@ -126,8 +128,10 @@ class Client:
                 raise TimeoutError(f"batch {batch_id} not done after {timeout_s}s: {state.states}")
             time.sleep(poll_s)
 
-    def update_weights(self, path: Path | str, version: str, timeout_s: float = 900.0) -> wire.WeightsUpdated:
-        reply = self._ask(wire.UpdateWeights(model_path=str(Path(path).resolve()), weight_version=version), timeout_s)
+    def update_weights(self, path: Path | str, version: str, mode: str | None = None,
+                       timeout_s: float = 900.0) -> wire.WeightsUpdated:
+        request = wire.UpdateWeights(model_path=str(Path(path).resolve()), weight_version=version, mode=mode)
+        reply = self._ask(request, timeout_s)
         assert isinstance(reply, wire.WeightsUpdated), reply
         if reply.errors and not reply.engines:
             raise RuntimeError(f"no engine loaded weights {version}: " + "; ".join(reply.errors))

@@ -117,6 +117,7 @@ class ServiceConfig(_Model):
     enabled: bool = False  # trainers add tasks while the run goes (polar_hpc.client); it ends on drain
     max_queued: int = Field(4096, ge=1)  # queued sessions beyond this answer `busy`
     weight_update_timeout_s: float = Field(600.0, gt=0)  # per engine: pause, load, continue
+    weight_update_mode: Literal["wait", "abort"] = "wait"  # in-flight calls: finish first, or abort (retried)
 
 
 class Topology(_Model):

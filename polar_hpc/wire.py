@@ -214,14 +214,17 @@ class Cancelled(Message):
 
 
 class UpdateWeights(Message):
-    """Every engine loads the weights in `model_path` as `weight_version` (pause, load, continue)."""
+    """Every engine loads the weights in `model_path` as `weight_version`; `mode` (wait | abort,
+    None: the topology's service.weight_update_mode) says what happens to calls in flight."""
 
     model_path: str
     weight_version: str
+    mode: str | None = None
 
 
 class WeightsUpdated(Message):
     weight_version: str
+    mode: str  # the mode the update ran in
     engines: list[str]  # engine URLs now serving the version
     pause_ms: float  # longest time an engine held generation
     errors: list[str] = []  # engines that failed, with why

@@ -36,7 +36,7 @@ from polar_hpc.engines.scripted_http import (
 )
 from polar_hpc.engines.scripted_model import BadRequest, Generation, SamplingParams, ScriptedModel
 from polar_hpc.engines.scripted_weights import add_routes as add_weight_routes
-from polar_hpc.engines.scripted_weights import generation_gate
+from polar_hpc.engines.scripted_weights import ABORT_MESSAGE, abort_signal, generation_gate
 
 
 @dataclass(frozen=True)
@@ -145,18 +145,22 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise BadRequest("'rid' must be a string (one request per call)", "rid")
     with_logprobs, stream = get_bool(body, "return_logprob"), get_bool(body, "stream")
     gen = model.generate("/generate", rid, _prompt_ids(body, model.fmt), params, started)
+    abort = abort_signal(request)
     if not stream:
-        await pace(gen, len(gen.output_ids))
-        return web.json_response(_generate_body(model, gen, len(gen.output_ids), with_logprobs))
-    return await sse(request, _generate_chunks(model, gen, with_logprobs))
+        k = await pace(gen, len(gen.output_ids), abort)
+        return web.json_response(_generate_body(model, gen, k, with_logprobs, k < len(gen.output_ids)))
+    return await sse(request, _generate_chunks(model, gen, with_logprobs, abort))
 
 
 async def _generate_chunks(
-    model: ScriptedModel, gen: Generation, with_logprobs: bool
+    model: ScriptedModel, gen: Generation, with_logprobs: bool, abort: asyncio.Event | None
 ) -> AsyncIterator[dict[str, Any]]:
-    """One cumulative /generate body per output token (one in all if there is none)."""
+    """One cumulative /generate body per output token (one in all if there is none); an aborted
+    generation ends with a body of the tokens so far and finish_reason abort."""
     for k in range(1, len(gen.output_ids) + 1) if gen.output_ids else [0]:
-        await pace(gen, k)
+        if await pace(gen, k, abort) < k:
+            yield _generate_body(model, gen, k - 1, with_logprobs, aborted=True)
+            return
         yield _generate_body(model, gen, k, with_logprobs)
 
 
@@ -180,12 +184,15 @@ def _prompt_ids(body: dict[str, Any], fmt: ChatFormat) -> list[int]:
     return ids
 
 
-def _generate_body(model: ScriptedModel, gen: Generation, k: int, with_logprobs: bool) -> dict:
+def _generate_body(model: ScriptedModel, gen: Generation, k: int, with_logprobs: bool,
+                   aborted: bool = False) -> dict:
     """The /generate response (or cumulative stream chunk) after k output tokens."""
-    done = k == len(gen.output_ids)
+    finish = gen.finish_reason if k == len(gen.output_ids) else None
+    if aborted:
+        finish = {"type": "abort", "message": ABORT_MESSAGE}
     meta: dict[str, Any] = {
         "id": gen.rid,
-        "finish_reason": gen.finish_reason if done else None,
+        "finish_reason": finish,
         "prompt_tokens": len(gen.prompt_ids),
         "completion_tokens": k,
         "cached_tokens": gen.cached_tokens,

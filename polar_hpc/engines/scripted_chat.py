@@ -4,13 +4,15 @@ Renders messages + tools with the ChatML template, generates like /generate (the
 `<|im_end|>` is sampled and counted), parses hermes tool calls when tools are offered. Beyond
 OpenAI: `return_token_ids` adds `prompt_token_ids` and `response_token_ids` to the choice (in a
 stream: to the chunk carrying finish_reason), `choices[0].matched_stop` is SGLang's, and the
-top-level `metadata.weight_version` is the engine's (in a stream: on the finish chunk).
+top-level `metadata.weight_version` is the engine's (in a stream: on the finish chunk). A
+generation aborted by /pause_generation ends with finish_reason "abort" and the text so far.
 `logprobs.content` aligns 1:1 with response_token_ids; in a stream each token's entry comes in its
 own chunk. Only n=1; top_logprobs alternatives are not produced (always []).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -26,6 +28,7 @@ from polar_hpc.engines.scripted_http import (
     MODEL, get_bool, get_int, get_stop, pace, read_json, sse,
 )
 from polar_hpc.engines.scripted_model import BadRequest, Generation, SamplingParams, ScriptedModel
+from polar_hpc.engines.scripted_weights import abort_signal
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -62,17 +65,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if with_ids:
         choice_end.update(prompt_token_ids=gen.prompt_ids, response_token_ids=gen.output_ids)
     head = {"id": rid, "created": int(time.time()), "model": model.model_name}
-    reply = _Reply(model, gen, content, tool_calls, choice_end, head)
+    reply = _Reply(model, gen, content, tool_calls, choice_end, head, with_ids)
     if stream:
-        return await sse(request, _chunks(reply, with_logprobs, include_usage))
-    await pace(gen, len(gen.output_ids))
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool_calls:
-        message["tool_calls"] = tool_calls
+        return await sse(request, _chunks(reply, with_logprobs, include_usage, abort_signal(request)))
+    k = await pace(gen, len(gen.output_ids), abort_signal(request))
+    if k < len(gen.output_ids):
+        reply = reply.aborted(k)
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
     logprobs = None
     if with_logprobs:
-        logprobs = {"content": [reply.logprob(i) for i in range(len(gen.output_ids))]}
-    choice = {"index": 0, "message": message, "logprobs": logprobs, **choice_end}
+        logprobs = {"content": [reply.logprob(i) for i in range(k)]}
+    choice = {"index": 0, "message": message, "logprobs": logprobs, **reply.choice_end}
     return web.json_response({
         **head, "object": "chat.completion", "choices": [choice], "usage": reply.usage(),
         "metadata": reply.metadata(),
@@ -87,6 +92,14 @@ class _Reply:
     tool_calls: list[dict[str, Any]]
     choice_end: dict[str, Any]  # finish_reason, matched_stop (+ token ids)
     head: dict[str, Any]  # id, created, model
+    with_ids: bool
+
+    def aborted(self, k: int) -> _Reply:
+        """The reply of a generation aborted after k tokens."""
+        end: dict[str, Any] = {"finish_reason": "abort", "matched_stop": None}
+        if self.with_ids:
+            end.update(prompt_token_ids=self.gen.prompt_ids, response_token_ids=self.gen.output_ids[:k])
+        return _Reply(self.model, self.gen, self.gen.texts[k], [], end, self.head, self.with_ids)
 
     def usage(self) -> dict[str, Any]:
         prompt, completion = len(self.gen.prompt_ids), len(self.gen.output_ids)
@@ -108,7 +121,7 @@ class _Reply:
 
 
 async def _chunks(
-    reply: _Reply, with_logprobs: bool, include_usage: bool
+    reply: _Reply, with_logprobs: bool, include_usage: bool, abort: asyncio.Event | None
 ) -> AsyncIterator[dict[str, Any]]:
     """chat.completion.chunk events: role, one per token (content delta, logprobs), tool calls,
     finish (+ token ids, metadata), usage if asked."""
@@ -121,7 +134,9 @@ async def _chunks(
     yield chunk({"role": "assistant", "content": ""})
     sent, gen = "", reply.gen
     for k in range(1, len(gen.output_ids) + 1):
-        await pace(gen, k)
+        if await pace(gen, k, abort) < k:
+            yield chunk({}, {"metadata": reply.metadata()}, **reply.aborted(k - 1).choice_end)
+            return
         visible = os.path.commonprefix([gen.texts[k], reply.content or ""])
         if visible != sent or with_logprobs:
             entry = {"content": [reply.logprob(k - 1)]} if with_logprobs else None

@@ -96,7 +96,19 @@ async def sse(request: web.Request, events: AsyncIterator[dict[str, Any]]) -> we
     return response
 
 
-async def pace(gen: Generation, tokens: int) -> None:
-    """Wait until the first `tokens` output tokens are due (simulated decoding time)."""
-    if tokens > 0:
-        await asyncio.sleep(max(gen.times[tokens - 1] - time.time(), 0.0))
+async def pace(gen: Generation, tokens: int, abort: asyncio.Event | None = None) -> int:
+    """Wait until the first `tokens` output tokens are due (simulated decoding time); returns how
+    many of them were decoded before `abort` was set (all of them when it was not)."""
+    if tokens <= 0:
+        return 0
+    wait = max(gen.times[tokens - 1] - time.time(), 0.0)
+    if abort is None:
+        await asyncio.sleep(wait)
+        return tokens
+    if not abort.is_set():
+        try:
+            await asyncio.wait_for(abort.wait(), wait)
+        except asyncio.TimeoutError:
+            return tokens
+    now = time.time()
+    return min(tokens - 1, sum(t <= now for t in gen.times[:tokens]))

@@ -1,16 +1,18 @@
 """The scripted engine's weight updates, shaped like SGLang's: pause, load, continue.
 
 - POST /pause_generation `{"mode": ...}`: new generation requests wait at the door until
-  /continue_generation; requests already running finish (the scripted engine has no scheduler to
-  freeze them in place, so every mode behaves like a drain).
-- POST /update_weights_from_disk `{"model_path", "weight_version"}`: waits until no generation is
-  running, then records the folder and the new version (no weights are read: this is not a model);
-  answers `{"success": true, "message", "num_paused_requests"}`. Every call that starts afterwards
-  reports the new `weight_version` in its meta_info.
+  /continue_generation. `abort` also ends every generation in flight at once, as SGLang does:
+  its answer (or last stream event) carries the tokens so far and finish_reason
+  `{"type": "abort", "message": ...}` (`"abort"` on /v1/chat/completions). Other modes let the
+  running ones finish (no scheduler to freeze them in place).
+- POST /update_weights_from_disk `{"model_path", "weight_version"}`: like SGLang's write lock,
+  holds new requests at the door and waits until no generation is running, then records the folder
+  and the new version (no weights are read: this is not a model); answers `{"success": true,
+  "message", "num_paused_requests"}`. Every call that starts afterwards reports the new version.
 - POST /continue_generation: lets the waiting requests in.
 
 `generation_gate` is the middleware that holds /generate and /v1/chat/completions while paused and
-counts them while they run.
+counts them while they run; `abort_signal(request)` is the event set when that request is aborted.
 """
 
 from __future__ import annotations
@@ -24,22 +26,39 @@ from polar_hpc.engines.scripted_http import MODEL, read_json
 from polar_hpc.engines.scripted_model import BadRequest
 
 GENERATION_PATHS = ("/generate", "/v1/chat/completions")
+ABORT_MESSAGE = "aborted by /pause_generation (mode abort)"
 
 
 class Gate:
-    """Open/closed door for generation requests, and a count of those inside."""
+    """Open/closed door for generation requests, a count of those inside, and their abort signal."""
 
     def __init__(self) -> None:
         self.open = asyncio.Event()
         self.open.set()
         self.idle = asyncio.Event()
         self.idle.set()
+        self.paused = False
+        self.loading = 0
         self.running = 0
         self.waiting = 0
+        self.abort = asyncio.Event()  # set (then replaced) when the running generations are aborted
         self.model_path: str | None = None
+
+    def reopen(self) -> None:
+        if not self.paused and not self.loading:
+            self.open.set()
+
+    def abort_running(self) -> None:
+        self.abort.set()
+        self.abort = asyncio.Event()
 
 
 GATE = web.AppKey("gate", Gate)
+_ABORT = "abort_signal"
+
+
+def abort_signal(request: web.Request) -> asyncio.Event | None:
+    return request.get(_ABORT)
 
 
 @web.middleware
@@ -49,11 +68,13 @@ async def generation_gate(request: web.Request, handler: Any) -> web.StreamRespo
     gate = request.app[GATE]
     gate.waiting += 1
     try:
-        await gate.open.wait()
+        while not gate.open.is_set():
+            await gate.open.wait()
     finally:
         gate.waiting -= 1
     gate.running += 1
     gate.idle.clear()
+    request[_ABORT] = gate.abort
     try:
         return await handler(request)
     finally:
@@ -74,12 +95,18 @@ async def pause_generation(request: web.Request) -> web.Response:
     mode = body.get("mode", "abort")
     if mode not in ("abort", "retract", "in_place"):
         raise BadRequest("'mode' must be abort, retract or in_place", "mode")
-    request.app[GATE].open.clear()
+    gate = request.app[GATE]
+    gate.paused = True
+    gate.open.clear()
+    if mode == "abort":
+        gate.abort_running()
     return web.json_response({"success": True})
 
 
 async def continue_generation(request: web.Request) -> web.Response:
-    request.app[GATE].open.set()
+    gate = request.app[GATE]
+    gate.paused = False
+    gate.reopen()
     return web.json_response({"success": True})
 
 
@@ -91,9 +118,16 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     if version is not None and not isinstance(version, str):
         raise BadRequest("'weight_version' must be a string", "weight_version")
     gate, model = request.app[GATE], request.app[MODEL]
-    await gate.idle.wait()
-    gate.model_path = path
-    if version is not None:
-        model.weight_version = version
+    gate.loading += 1
+    gate.open.clear()
+    try:
+        await gate.idle.wait()
+        gate.model_path = path
+        if version is not None:
+            model.weight_version = version
+        paused = gate.waiting
+    finally:
+        gate.loading -= 1
+        gate.reopen()
     message = f"loaded {path} as weight version {model.weight_version}"
-    return web.json_response({"success": True, "message": message, "num_paused_requests": gate.waiting})
+    return web.json_response({"success": True, "message": message, "num_paused_requests": paused})

@@ -16,7 +16,8 @@ Service mode (`service.enabled`): the run has no fixed task list. Trainers add b
 (SubmitTasks, or files in `<run>/inbox/`), idempotent by task id; more queued sessions than
 `service.max_queued` answer Busy and take nothing. CancelTasks cancels a batch or a task (queued
 sessions at once, running ones through their gateway). UpdateWeights makes every engine (those
-registered and those given with `--engine-url`) load new weights; an engine that registers later
+registered and those given with `--engine-url`) load new weights (`engines.weights`, in the
+request's mode or `service.weight_update_mode`); an engine that registers later
 with other weights (a restarted engine step) is given the newest at once. The run is done only after Drain,
 once every session has ended. A resumed service run queues again what trainers had added.
 """
@@ -38,6 +39,7 @@ import zmq.asyncio
 
 from polar_hpc import security, wire
 from polar_hpc.config import ConfigError, Task, load_tasks, load_topology
+from polar_hpc.engines import weights
 from polar_hpc.orchestrator import service
 from polar_hpc.orchestrator.journal import Journal, replay, service_events
 from polar_hpc.shards.batch import version_number
@@ -199,7 +201,11 @@ class Orchestrator:
         elif isinstance(msg, wire.CancelTasks):
             self._send(identity, self._cancel(msg))
         elif isinstance(msg, wire.UpdateWeights):
-            asyncio.get_running_loop().create_task(self._update_weights(identity, msg))
+            if msg.mode not in (None, *weights.MODES):
+                self._send(identity, wire.Refused(error=f"weight update mode {msg.mode!r} is not known "
+                                                        f"({', '.join(weights.MODES)})"))
+            else:
+                asyncio.get_running_loop().create_task(self._update_weights(identity, msg))
         elif isinstance(msg, wire.Drain):
             self.draining = True
             self.journal.write("drain")
@@ -304,8 +310,10 @@ class Orchestrator:
         """Every engine (or `only` these) loads the weights; the trainer that asked gets the answer."""
         async with self.weights_lock:
             urls = only or sorted(set(self.static_engines) | {e.url for e in self.engines.values()})
-            self.journal.write("weights_update", path=msg.model_path, weight_version=msg.weight_version, engines=urls)
-            pause_ms, errors = await service.update_engines(urls, msg.model_path, msg.weight_version,
+            mode = msg.mode or self.service.weight_update_mode
+            self.journal.write("weights_update", path=msg.model_path, weight_version=msg.weight_version, engines=urls,
+                               mode=mode)
+            pause_ms, errors = await weights.update_engines(urls, msg.model_path, msg.weight_version, mode,
                                                             self.service.weight_update_timeout_s)
             failed = {e.split(": ", 1)[0] for e in errors}
             for url in self.static_engines:
@@ -322,7 +330,7 @@ class Orchestrator:
             log.info("weights %s on %d engines (%d failed), pause %.1f ms", msg.weight_version, len(ok), len(errors),
                      pause_ms)
         if identity is not None:
-            self._send(identity, wire.WeightsUpdated(weight_version=msg.weight_version, engines=ok,
+            self._send(identity, wire.WeightsUpdated(weight_version=msg.weight_version, mode=mode, engines=ok,
                                                      pause_ms=pause_ms, errors=errors))
 
     def _take_inbox(self) -> None:

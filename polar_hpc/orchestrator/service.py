@@ -1,4 +1,4 @@
-"""Service mode's pieces that are not scheduling: batches, the file inbox, engine weight updates.
+"""Service mode's pieces that are not scheduling: batches and the file inbox.
 
 - `Batches`: which tasks each trainer batch holds; a task id belongs to the first batch that
   brought it, and is never queued twice (re-submitting after a trainer restart adds nothing).
@@ -10,26 +10,19 @@
   whole. Once its tasks are queued it is moved to `inbox/done/` (rename: a file is consumed once);
   a file with bad tasks goes to `inbox/rejected/` with the reasons (FILE:LINE: field) beside it in
   `<name>.error`.
-- `update_engines(urls, path, version)`: every engine, at once: POST /pause_generation
-  (`in_place`), /update_weights_from_disk (`model_path`, `weight_version`), /continue_generation
-  (always, even after a failed load). Returns the longest pause and the failures.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pydantic
 
 from polar_hpc.config import ConfigError, Task
-from polar_hpc.shards.batch import version_number
 
 
 @dataclass
@@ -98,35 +91,3 @@ def consume(path: Path, error: str | None = None) -> Path:
         (folder / f"{path.name}.error").write_text(error + "\n")
     path.rename(target)
     return target
-
-
-async def update_engines(urls: list[str], model_path: str, version: str, timeout_s: float) -> tuple[float, list[str]]:
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout) as http:
-        results = await asyncio.gather(*(_update_one(http, url, model_path, version) for url in urls))
-    pauses = [pause for pause, _ in results]
-    return max(pauses, default=0.0), [f"{url}: {err}" for url, (_, err) in zip(urls, results) if err]
-
-
-async def _update_one(http: aiohttp.ClientSession, url: str, model_path: str, version: str) -> tuple[float, str | None]:
-    t0 = time.perf_counter()
-    error = None
-    try:
-        await _post(http, f"{url}/pause_generation", {"mode": "in_place"})
-        try:
-            answer = await _post(http, f"{url}/update_weights_from_disk",
-                                 {"model_path": model_path, "weight_version": version})
-            if not answer.get("success", False):
-                error = f"update_weights_from_disk: {answer.get('message', answer)}"
-        finally:
-            await _post(http, f"{url}/continue_generation", {})
-    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError) as e:
-        error = error or f"{type(e).__name__}: {e}"
-    return (time.perf_counter() - t0) * 1000, error
-
-
-async def _post(http: aiohttp.ClientSession, url: str, body: dict) -> dict:
-    async with http.post(url, json=body) as response:
-        if response.status >= 400:
-            raise RuntimeError(f"{url} answered {response.status}: {(await response.text())[:300]}")
-        return await response.json(content_type=None)

@@ -4,7 +4,8 @@
 Completions body (the harness's own body for `openai_chat`) with `stream: false`,
 `return_token_ids` and `logprobs` (SGLang >= 0.5.17 answers `choices[0].prompt_token_ids` /
 `response_token_ids`), emits the whole content at once (the engine cannot stream token ids on
-that route) and returns the `Outcome`; `EngineError` (502) if capture fields are missing.
+that route) and returns the `Outcome`; `EngineError` (502) if capture fields are missing,
+`aborted.Aborted` if the engine aborted the call.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from polar_hpc.proxy import aborted
 from polar_hpc.proxy.calls import Call, Outcome, ToolCall
 from polar_hpc.proxy.engine_client import EngineError
 from polar_hpc.proxy.routing import Router
@@ -37,7 +39,9 @@ class Passthrough:
         body = engine_request(call, self.model)
 
         async def ask(client):
-            return await client.post_json(ENGINE_PATH, body), client.base_url
+            answer = await client.post_json(ENGINE_PATH, body)
+            aborted.check_chat(answer)
+            return answer, client.base_url
 
         (answer, url), retried = await self.router.attempt(session_id, ask)
         outcome = capture(answer, url)

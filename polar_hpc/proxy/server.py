@@ -23,6 +23,8 @@ returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError befo
 - Capture: `mode` tito (`tito.Tito`: the proxy renders with the model's tokenizer, from
   `tokenizer` or, once an engine answers, the engine's /get_model_info `tokenizer_path`) or passthrough
   (`passthrough.Passthrough`); engines chosen by `routing.Router`.
+- A call the engine aborts (weight update in `abort` mode) gets a retryable error (`aborted`): no
+  record; the session's next record carries meta["aborted_attempts"].
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from aiohttp import web
 
 from polar_hpc import wire
 from polar_hpc.config import ConfigError
-from polar_hpc.proxy import anthropic, openai_responses
+from polar_hpc.proxy import aborted, anthropic, openai_responses
 from polar_hpc.proxy import openai_chat as oc
 from polar_hpc.proxy.calls import BadRequest, ToolCall, assistant_message
 from polar_hpc.proxy.engine_client import EngineError
@@ -93,6 +95,7 @@ class _Session:
     n_calls: int = 0
     open: bool = True
     calls: set[asyncio.Task] = field(default_factory=set)
+    aborted: list[str] = field(default_factory=list)  # weight versions of attempts aborted since the last record
 
 
 @dataclass
@@ -232,6 +235,9 @@ class _Proxy:
             log.info("session %s: harness closed its stream before the answer was complete",
                      session.session_id)
             return reply.stream
+        except aborted.Aborted as e:
+            session.aborted.append(e.weight_version)
+            return await aborted.answer(api, e, reply.stream, events)
         except EngineError as e:
             kind = "upstream" if e.status != 400 else (
                 "context_length" if "context length" in e.message else "invalid_request")
@@ -259,6 +265,9 @@ class _Proxy:
 
     def _record(self, api, session: _Session, body, call, outcome, response, times) -> None:
         meta = dict(outcome.meta)
+        if session.aborted:
+            meta["aborted_attempts"] = aborted.summary(session.aborted)
+            session.aborted = []
         if api is not oc:
             meta["chat"] = {"messages": call.messages, "tools": call.tools,
                             "reply": assistant_message(outcome)}

@@ -8,7 +8,8 @@ of recent texts and each token's text.
 the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
 `stream` when the harness streams, awaits `emit(piece)` for each piece of content as tokens arrive
 and for each tool call (a `ToolCall`) as soon as its closing tag arrives (`CallReader` over the
-engine's cumulative text), and returns the `Outcome` (the same content and calls, ids included).
+engine's cumulative text), and returns the `Outcome` (the same content and calls, ids included;
+`aborted.Aborted` if the engine aborted the generation).
 
 Drift-free history: `Chains` (one per session) keeps, for each chain of calls, the conversation
 through the last sampled reply and its exact ids (prompt + sampled). When a call re-sends that
@@ -33,6 +34,7 @@ from typing import Any
 
 import msgspec
 
+from polar_hpc.proxy import aborted
 from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, message_key
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
@@ -268,6 +270,7 @@ class Tito:
         when streaming, content and calls are emitted as they are read."""
         if not body["stream"]:
             last = await client.post_json("/generate", body)
+            aborted.check_generate(last)
             content, calls = self.parser.parse(last.get("text") or "", call.tools)
             return last, client.base_url, (content, [_tool_call(n, a) for n, a in calls])
         reader, read, last = CallReader(self.parser, call.tools), 0, None
@@ -283,6 +286,7 @@ class Tito:
                     (content if isinstance(part, str) else tool_calls).append(part)
         if last is None:
             raise EngineError(502, f"engine at {client.base_url} streamed nothing")
+        aborted.check_generate(last)
         rest = reader.finish()
         if rest:
             await emit(rest)

@@ -14,7 +14,8 @@ Records are taken in `call_index` order. Kinds:
 A trace's messages and tools are those of its last call (its request plus the assistant reply).
 Metadata: {"builder", "calls", "chains", "chain_breaks", "apis", "streamed_calls"}, plus what the proxy noted:
 "history_restarts" (calls whose re-sent history matched no earlier chain, and why) and "retried"
-(call index -> engines that failed it before another answered). A record whose logprobs are not aligned
+(call index -> engines that failed it before another answered), "aborted_attempts" (call index ->
+{"count", "versions"} of the attempts an engine aborted for a weight update before it). A record whose logprobs are not aligned
 with its output ids, an unknown kind or an unsupported api raises ValueError.
 """
 
@@ -52,7 +53,7 @@ def build(records: list[CallRecord], kind: str) -> tuple[list[Trace], dict[str, 
 
 def _proxy_notes(records: list[CallRecord]) -> dict[str, Any]:
     """What the proxy said of the calls: APIs used, why a call started a new chain of its
-    history (tito mode), and which calls were retried on another engine."""
+    history (tito mode), which calls were retried on another engine, and which were aborted."""
     notes: dict[str, Any] = {"apis": sorted({r.api for r in records}),
                              "streamed_calls": sum(r.stream for r in records)}
     starts = [f"call {r.call_index}: {r.meta['new_chain']}" for r in records[1:] if "new_chain" in r.meta]
@@ -61,6 +62,9 @@ def _proxy_notes(records: list[CallRecord]) -> dict[str, Any]:
         notes["history_restarts"] = starts
     if retried:
         notes["retried"] = retried
+    aborted = {r.call_index: r.meta["aborted_attempts"] for r in records if r.meta.get("aborted_attempts")}
+    if aborted:
+        notes["aborted_attempts"] = aborted
     return notes
 
 

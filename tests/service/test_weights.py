@@ -1,7 +1,8 @@
 """update_weights through a real orchestrator to a real scripted engine: every engine pauses,
 loads and continues; calls in flight finish (none lost) on the old version, later calls report
 the new one, and the run's status shows the version each engine serves. Sessions that end more
-versions after their dispatch than their batch's max_staleness allows are marked stale."""
+versions after their dispatch than their batch's max_staleness allows are marked stale. An unknown
+update mode is refused (per update, and in the topology before the run starts)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import zmq
 from polar_hpc import wire
 from polar_hpc.client import Client
 from polar_hpc.config import ConfigError
+from tests.conftest import polar
 from tests.orchestrator.helpers import next_message, start_orchestrator
 
 
@@ -69,7 +71,7 @@ def test_update_weights_while_64_calls_are_mid_flight(tmp_path: Path) -> None:
         old = [t for t, v in later["done_at"] if v == "v0"]
         assert len(old) >= 16 and all(t <= updated_at for t in old)  # in-flight calls ended, on v0, before the swap
         assert later["meta_info"]["weight_version"] == "v1"
-        assert update.engines == [url] and update.errors == [] and update.pause_ms > 0
+        assert update.mode == "wait" and update.engines == [url] and update.errors == [] and update.pause_ms > 0
         members = {m.name: m.detail for m in client.run_status().members if m.kind == "engine"}
         assert members[url].endswith("weights v1")
         client.close()
@@ -94,6 +96,8 @@ def test_a_failing_engine_is_reported(tmp_path: Path) -> None:
                 raise AssertionError("an update no engine took must raise")
             members = {m.name: m.detail for m in client.run_status().members if m.kind == "engine"}
             assert members["http://127.0.0.1:9"].endswith("weights v0")
+            with pytest.raises(ConfigError, match="mode 'sideways' is not known"):
+                client.update_weights(tmp_path / "w", "v1", mode="sideways")
     finally:
         orchestrator.kill()
         orchestrator.wait()
@@ -158,3 +162,11 @@ def test_an_engine_that_registers_later_gets_the_newest_weights(tmp_path: Path) 
         for proc in (engine, orchestrator):
             proc.kill()
             proc.wait()
+
+
+def test_an_unknown_topology_mode_is_refused_before_the_run_starts(tmp_path: Path) -> None:
+    topology = tmp_path / "topology.yaml"
+    topology.write_text("service:\n  enabled: true\n  weight_update_mode: sideways\n")
+    done = polar("run", "--service", "-c", topology, "--run-dir", tmp_path / "run", timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{topology}:3: service.weight_update_mode:" in done.stderr

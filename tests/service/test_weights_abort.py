@@ -1,0 +1,102 @@
+"""update_weights(mode="abort") while the sessions of a real service run are mid-call (harnesses
+using the official openai SDK, with its retries, through the proxy): no session is lost; each
+aborted call is retried by the SDK and completes on the new version; every generation the engine
+began under the old weights either became a record or is counted as an aborted attempt in the
+trajectory of its session; recorded tokens are exactly what the engine sampled (both turns of a
+session in one token-exact trace)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from polar_hpc.client import Client
+from polar_hpc.shards.reader import iter_trajectories
+
+HARNESS = Path(__file__).parent / "data" / "sdk_two_calls.py"
+SESSIONS = 16
+TOPOLOGY = f"""
+service: {{enabled: true, weight_update_mode: wait}}
+engine: {{token_delay_ms: 100, sample_log: true}}  # the log gets a line as each generation begins
+sandbox: {{backend: none}}
+gateway:
+  pools: {{init: {SESSIONS}, ready: 0, run: {SESSIONS}, postrun: 4}}
+  shard_max_age_s: 0.2
+"""
+
+
+def _sampled_spans(mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of sampled (mask 1) tokens."""
+    spans, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
+def _samples(run_dir: Path) -> list[dict]:
+    log = run_dir / "logs" / "engine-samples.jsonl"
+    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def test_abort_mode_update_loses_no_session(tmp_path: Path) -> None:
+    (tmp_path / "topology.yaml").write_text(TOPOLOGY)
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", "--service", "-c", str(tmp_path / "topology.yaml"),
+                            "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    task = {"id": "t", "instruction": "x", "num_samples": SESSIONS, "timeout_s": 300,
+            "harness": {"command": f"{sys.executable} sdk_two_calls.py"},
+            "sandbox": {"files": {"sdk_two_calls.py": str(HARNESS)}}}
+    try:
+        deadline = time.monotonic() + 60
+        while not (run_dir / "rendezvous.json").exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()
+            time.sleep(0.1)
+        with Client(run_dir) as client:
+            batch = client.submit([task])
+            deadline = time.monotonic() + 120
+            while len(_samples(run_dir)) < SESSIONS:  # every session's first call has reached the engine
+                assert time.monotonic() < deadline, client.status(batch)
+                time.sleep(0.02)
+            update = client.update_weights(tmp_path / "weights-1", "v1", mode="abort")  # not the topology's wait
+            assert update.mode == "abort" and update.errors == [] and len(update.engines) == 1, update
+            assert client.wait(batch, timeout_s=240).states == {"completed": SESSIONS}
+            client.drain()
+        assert job.wait(timeout=60) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    samples = _samples(run_dir)
+    trajectories = list(iter_trajectories(run_dir))
+    assert len(trajectories) == SESSIONS and all(t.status == "completed" for t in trajectories)
+    aborted: list[str] = []
+    recorded_v0 = 0
+    for traj in trajectories:
+        assert len(traj.traces) == 1 and traj.traces[0].call_indices == [0, 1]  # both turns, one chain
+        trace = traj.traces[0]
+        notes = {int(k): v for k, v in traj.metadata.get("aborted_attempts", {}).items()}
+        for index, version in zip(trace.call_indices, trace.weight_versions):
+            if index in notes:  # a retried call ran on the new weights
+                assert version == "v1" and notes[index]["count"] == len(notes[index]["versions"])
+                aborted += notes[index]["versions"]
+            recorded_v0 += version == "v0"
+        for call, (start, end) in zip(trace.call_indices, _sampled_spans(trace.loss_mask)):
+            # token-exact: each sampled span is the whole sample of the surviving attempt
+            prompt = trace.prompt_ids + trace.response_ids[:start]
+            assert {"input_ids": prompt, "output_ids": trace.response_ids[start:end],
+                    "output_logprobs": trace.logprobs[start:end],
+                    "weight_version": trace.weight_versions[call]} in [
+                {k: s[k] for k in ("input_ids", "output_ids", "output_logprobs", "weight_version")}
+                for s in samples], (traj.session_id, call)
+    v0_begun = sum(s["weight_version"] == "v0" for s in samples)
+    assert aborted and set(aborted) == {"v0"}  # the update aborted calls in flight, begun on v0
+    assert v0_begun == recorded_v0 + len(aborted)  # every v0 generation: recorded, or aborted and retried
+    journal = [json.loads(line) for line in (run_dir / "journal" / "orchestrator.jsonl").read_text().splitlines()]
+    assert [(e["weight_version"], e["mode"]) for e in journal if e["event"] == "weights_update"] == [("v1", "abort")]
