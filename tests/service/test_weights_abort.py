@@ -89,9 +89,9 @@ def test_abort_mode_update_loses_no_session(tmp_path: Path) -> None:
             recorded_v0 += version == "v0"
         for call, (start, end) in zip(trace.call_indices, _sampled_spans(trace.loss_mask)):
             # token-exact: each sampled span is the whole sample of the surviving attempt
-            prompt = trace.prompt_ids + trace.response_ids[:start]
-            assert {"input_ids": prompt, "output_ids": trace.response_ids[start:end],
-                    "output_logprobs": trace.logprobs[start:end],
+            prompt = (trace.prompt_ids + trace.response_ids[:start]).tolist()
+            assert {"input_ids": prompt, "output_ids": trace.response_ids[start:end].tolist(),
+                    "output_logprobs": trace.logprobs[start:end].tolist(),
                     "weight_version": trace.weight_versions[call]} in [
                 {k: s[k] for k in ("input_ids", "output_ids", "output_logprobs", "weight_version")}
                 for s in samples], (traj.session_id, call)
