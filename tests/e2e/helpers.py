@@ -48,7 +48,7 @@ def check_fidelity(trace, samples: dict[tuple, dict]) -> int:
     the tokens before it, ids and logprobs; unsampled tokens have logprob 0. Returns the number
     of engine calls the trace holds."""
     sequence = (trace.prompt_ids + trace.response_ids).tolist()
-    runs = _runs(trace.loss_mask.tolist())
+    runs = sampled_runs(trace.loss_mask.tolist())
     for start, end in runs:
         prompt = tuple(sequence[: len(trace.prompt_ids) + start])
         assert prompt in samples, "the engine never received this prompt"
@@ -59,7 +59,7 @@ def check_fidelity(trace, samples: dict[tuple, dict]) -> int:
     return len(runs)
 
 
-def _runs(mask: list[int]) -> list[tuple[int, int]]:
+def sampled_runs(mask: list[int]) -> list[tuple[int, int]]:
     """[start, end) of each run of 1s: one per model call in a merged trace."""
     runs, start = [], None
     for i, m in enumerate(mask + [0]):

@@ -5,8 +5,6 @@ records the version that produced it (v0 for the calls in flight, v1 for calls a
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,10 +12,12 @@ from polar_hpc.client import Client
 from polar_hpc.shards.reader import iter_trajectories
 from tests.conftest import polar
 
+from service.helpers import samples_begun, service_job
+
 HARNESS = Path(__file__).parent / "data" / "one_call.py"
 TOPOLOGY = """
 service: {enabled: true}
-engine: {token_delay_ms: 150, sample_log: true}  # the log gets a line as each generation begins
+engine: {token_delay_ms: 400, sample_log: true}  # the log gets a line as each generation begins
 sandbox: {backend: none}
 gateway:
   pools: {init: 64, ready: 0, run: 64, postrun: 16}
@@ -30,48 +30,30 @@ def _task(tid: str, samples: int) -> dict:
             "harness": {"command": "python3 one_call.py"}, "sandbox": {"files": {"one_call.py": str(HARNESS)}}}
 
 
-def _generations_begun(run_dir: Path) -> int:
-    log = run_dir / "logs" / "engine-samples.jsonl"
-    return log.read_text().count("\n") if log.exists() else 0
-
-
 def test_update_weights_while_64_sessions_are_mid_call(tmp_path: Path) -> None:
-    (tmp_path / "topology.yaml").write_text(TOPOLOGY)
-    run_dir = tmp_path / "run"
-    job = subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", "--service", "-c", str(tmp_path / "topology.yaml"),
-                            "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not (run_dir / "rendezvous.json").exists():
-            assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()
-            time.sleep(0.1)
-        with Client(run_dir) as client:
-            busy = client.submit([_task("busy", 64)])
-            deadline = time.monotonic() + 120
-            while _generations_begun(run_dir) < 64:  # every harness's call is decoding (24 tokens x 150 ms)
-                assert time.monotonic() < deadline, client.status(busy)
-                time.sleep(0.05)
-            assert client.run_status().versions_in_flight == {"v0": 64}
-            shown = polar("status", run_dir)
-            assert shown.returncode == 0 and "weight versions in flight: v0 64" in shown.stdout, shown.stdout
-            update = client.update_weights(tmp_path / "weights-1", "v1")
-            assert update.errors == [] and len(update.engines) == 1, update
-            after = client.submit([_task("after", 2)])
-            assert client.wait(busy, timeout_s=240).states == {"completed": 64}
-            assert client.wait(after, timeout_s=120).states == {"completed": 2}
-            assert client.run_status().versions_in_flight == {}
-            doomed = client.submit([_task("doomed", 2)])
-            while client.status(doomed)[doomed].states.get("RUN", 0) < 2:
-                assert time.monotonic() < deadline + 120, client.status(doomed)
-                time.sleep(0.05)
-            assert client.cancel(batch_id=doomed) == 2  # running: cancelled through the gateway
-            assert client.wait(doomed, timeout_s=60).states == {"cancelled": 2}
-            client.drain()
+    with service_job(tmp_path, TOPOLOGY) as (job, run_dir), Client(run_dir) as client:
+        busy = client.submit([_task("busy", 64)])
+        deadline = time.monotonic() + 120
+        while len(samples_begun(run_dir)) < 64:  # every harness's call is decoding (24 tokens x 400 ms)
+            assert time.monotonic() < deadline, client.status(busy)
+            time.sleep(0.05)
+        assert client.run_status().versions_in_flight == {"v0": 64}
+        shown = polar("status", run_dir)
+        assert shown.returncode == 0 and "weight versions in flight: v0 64" in shown.stdout, shown.stdout
+        update = client.update_weights(tmp_path / "weights-1", "v1")
+        assert update.errors == [] and len(update.engines) == 1, update
+        after = client.submit([_task("after", 2)])
+        assert client.wait(busy, timeout_s=240).states == {"completed": 64}
+        assert client.wait(after, timeout_s=120).states == {"completed": 2}
+        assert client.run_status().versions_in_flight == {}
+        doomed = client.submit([_task("doomed", 2)])
+        while client.status(doomed)[doomed].states.get("RUN", 0) < 2:
+            assert time.monotonic() < deadline + 120, client.status(doomed)
+            time.sleep(0.05)
+        assert client.cancel(batch_id=doomed) == 2  # running: cancelled through the gateway
+        assert client.wait(doomed, timeout_s=60).states == {"cancelled": 2}
+        client.drain()
         assert job.wait(timeout=60) == 0
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
     versions: dict[str, list[str]] = {"busy": [], "after": []}
     every = list(iter_trajectories(run_dir))
     assert sorted(t.status for t in every if t.task_id == "doomed") == ["cancelled", "cancelled"]

@@ -8,13 +8,15 @@ session in one token-exact trace)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from polar_hpc.client import Client
 from polar_hpc.shards.reader import iter_trajectories
+
+from e2e.helpers import sampled_runs
+from service.helpers import samples_begun, service_job
 
 HARNESS = Path(__file__).parent / "data" / "sdk_two_calls.py"
 SESSIONS = 16
@@ -28,52 +30,22 @@ gateway:
 """
 
 
-def _sampled_spans(mask: list[int]) -> list[tuple[int, int]]:
-    """(start, end) of each run of sampled (mask 1) tokens."""
-    spans, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
-
-
-def _samples(run_dir: Path) -> list[dict]:
-    log = run_dir / "logs" / "engine-samples.jsonl"
-    return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-
-
 def test_abort_mode_update_loses_no_session(tmp_path: Path) -> None:
-    (tmp_path / "topology.yaml").write_text(TOPOLOGY)
-    run_dir = tmp_path / "run"
-    job = subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", "--service", "-c", str(tmp_path / "topology.yaml"),
-                            "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     task = {"id": "t", "instruction": "x", "num_samples": SESSIONS, "timeout_s": 300,
             "harness": {"command": f"{sys.executable} sdk_two_calls.py"},
             "sandbox": {"files": {"sdk_two_calls.py": str(HARNESS)}}}
-    try:
-        deadline = time.monotonic() + 60
-        while not (run_dir / "rendezvous.json").exists():
-            assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()
-            time.sleep(0.1)
-        with Client(run_dir) as client:
-            batch = client.submit([task])
-            deadline = time.monotonic() + 120
-            while len(_samples(run_dir)) < SESSIONS:  # every session's first call has reached the engine
-                assert time.monotonic() < deadline, client.status(batch)
-                time.sleep(0.02)
-            update = client.update_weights(tmp_path / "weights-1", "v1", mode="abort")  # not the topology's wait
-            assert update.mode == "abort" and update.errors == [] and len(update.engines) == 1, update
-            assert client.wait(batch, timeout_s=240).states == {"completed": SESSIONS}
-            client.drain()
+    with service_job(tmp_path, TOPOLOGY) as (job, run_dir), Client(run_dir) as client:
+        batch = client.submit([task])
+        deadline = time.monotonic() + 120
+        while len(samples_begun(run_dir)) < SESSIONS:  # every session's first call has reached the engine
+            assert time.monotonic() < deadline, client.status(batch)
+            time.sleep(0.02)
+        update = client.update_weights(tmp_path / "weights-1", "v1", mode="abort")  # not the topology's wait
+        assert update.mode == "abort" and update.errors == [] and len(update.engines) == 1, update
+        assert client.wait(batch, timeout_s=240).states == {"completed": SESSIONS}
+        client.drain()
         assert job.wait(timeout=60) == 0
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    samples = _samples(run_dir)
+    samples = samples_begun(run_dir)
     trajectories = list(iter_trajectories(run_dir))
     assert len(trajectories) == SESSIONS and all(t.status == "completed" for t in trajectories)
     aborted: list[str] = []
@@ -87,7 +59,7 @@ def test_abort_mode_update_loses_no_session(tmp_path: Path) -> None:
                 assert version == "v1" and notes[index]["count"] == len(notes[index]["versions"])
                 aborted += notes[index]["versions"]
             recorded_v0 += version == "v0"
-        for call, (start, end) in zip(trace.call_indices, _sampled_spans(trace.loss_mask)):
+        for call, (start, end) in zip(trace.call_indices, sampled_runs(trace.loss_mask.tolist())):
             # token-exact: each sampled span is the whole sample of the surviving attempt
             prompt = (trace.prompt_ids + trace.response_ids[:start]).tolist()
             assert {"input_ids": prompt, "output_ids": trace.response_ids[start:end].tolist(),
