@@ -22,6 +22,7 @@ chain a call extends, or why it starts a new one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -275,15 +276,17 @@ class Tito:
             return last, client.base_url, (content, [_tool_call(n, a) for n, a in calls])
         reader, read, last = CallReader(self.parser, call.tools), 0, None
         content, tool_calls = [], []
-        async for event in client.stream_json("/generate", body):
-            last = event
-            text = event.get("text") or ""  # cumulative: each event's text extends the last's
-            piece, calls = reader.feed(text[read:])
-            read = len(text)
-            for part in [piece, *(_tool_call(n, a) for n, a in calls)]:
-                if part:
-                    await emit(part)
-                    (content if isinstance(part, str) else tool_calls).append(part)
+        # closed at once when the call is cancelled (not when the generator is collected)
+        async with contextlib.aclosing(client.stream_json("/generate", body)) as events:
+            async for event in events:
+                last = event
+                text = event.get("text") or ""  # cumulative: each event's text extends the last's
+                piece, calls = reader.feed(text[read:])
+                read = len(text)
+                for part in [piece, *(_tool_call(n, a) for n, a in calls)]:
+                    if part:
+                        await emit(part)
+                        (content if isinstance(part, str) else tool_calls).append(part)
         if last is None:
             raise EngineError(502, f"engine at {client.base_url} streamed nothing")
         aborted.check_generate(last)
