@@ -12,11 +12,12 @@ Records are taken in `call_index` order. Kinds:
   the previous call's chain. Traces come in the order their chains started.
 
 A trace's messages and tools are those of its last call (its request plus the assistant reply).
-Metadata: {"builder", "calls", "chains", "chain_breaks", "apis", "streamed_calls"}, plus what the proxy noted:
-"history_restarts" (calls whose re-sent history matched no earlier chain, and why) and "retried"
-(call index -> engines that failed it before another answered), "aborted_attempts" (call index ->
-{"count", "versions"} of the attempts an engine aborted for a weight update before it). A record whose logprobs are not aligned
-with its output ids, an unknown kind or an unsupported api raises ValueError.
+Metadata: {"builder", "calls", "chains", "chain_breaks", "apis", "streamed_calls"}, plus what the
+proxy noted: "history_restarts" (calls whose re-sent history matched no earlier chain, and why),
+"retried" (call index -> engines that failed it before another answered) and "aborted_attempts"
+(call index -> {"count", "versions"} of the attempts an engine aborted for a weight update before
+it). A record whose logprobs are not aligned with its output ids, an unknown kind or an
+unsupported api raises ValueError.
 """
 
 from __future__ import annotations
