@@ -25,7 +25,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -36,7 +36,7 @@ from polar_hpc.shards.format import (
     Buffer,
     FormatError,
     encode_header,
-    encode_trajectory,
+    encode_record,
     frame,
     read_frames,
 )
@@ -75,7 +75,7 @@ class ShardWriter:
     def append(self, traj: Trajectory) -> str:
         """Write one trajectory; returns the name of the shard it will be sealed in."""
         self._sealer.check()
-        record = frame(encode_trajectory(traj))  # fails before touching the file
+        record = encode_record(traj)  # fails before touching the file
         self.maybe_roll()
         if self._file is None:
             self._open()
@@ -139,7 +139,7 @@ class ShardWriter:
     def _open(self) -> None:
         self._name = shard_name(self.writer_id, self._seq)
         self._file = open(self.dir / _temp_name(self._name), "xb", buffering=0)
-        _write_all(self._file, [MAGIC, *frame([encode_header(self.writer_id, self._seq, time.time())])])
+        _write_all(self._file, (MAGIC, *frame(encode_header(self.writer_id, self._seq, time.time()))))
         self._opened = time.monotonic()
         self._count = 0
         self._synced = 0
@@ -221,20 +221,17 @@ def _index_shard(directory: Path, name: str, seq: int, index_file: Path) -> None
     log.info("indexed %s, sealed but missing from %s", name, index_file)
 
 
-def _write_all(f: BinaryIO, parts: list[Buffer]) -> None:
-    """Hand all of `parts`, in order, to the OS (unbuffered `f`'s offset moves on) with as few
-    `writev` calls as it takes: one takes at most IOV_MAX buffers, and may take only part of them."""
+def _write_all(f: BinaryIO, parts: Sequence[Buffer]) -> None:
+    """Hand all of `parts`, in order, to the OS (unbuffered `f`'s offset moves on) with one
+    `writev`, or more where the OS takes only part of them."""
     parts, fd, i = list(parts), f.fileno(), 0
     while i < len(parts):
-        written = os.writev(fd, parts[i : i + _IOV_MAX])
+        written = os.writev(fd, parts[i:])
         while i < len(parts) and written >= len(parts[i]):
             written -= len(parts[i])
             i += 1
         if written:
             parts[i] = memoryview(parts[i])[written:]
-
-
-_IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
 
 
 def _temp_name(name: str) -> str:

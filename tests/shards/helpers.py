@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 
-from polar_hpc.shards.format import encode_trajectory, frame
+from polar_hpc.shards.format import encode_record
 from polar_hpc.trajectory.model import Trace, Trajectory
 
 
@@ -13,8 +13,9 @@ def f32(x: float) -> float:
 
 
 def record_bytes(traj: Trajectory) -> bytes:
-    """The on-disk bytes of `traj`'s record (the writer hands them to the OS as separate buffers)."""
-    return b"".join(frame(encode_trajectory(traj)))
+    """The on-disk bytes of `traj`'s record (the writer hands its header and payload to the OS
+    as separate buffers)."""
+    return b"".join(encode_record(traj))
 
 
 def make_trajectory(

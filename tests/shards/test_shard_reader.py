@@ -68,7 +68,7 @@ def test_good_checksum_bad_payload_is_a_problem(tmp_path, make_traj):
     shard = tmp_path / "shards" / "a-000001.shard"
     end = shard.stat().st_size
     with open(shard, "ab") as f:
-        f.write(b"".join(frame([b"\x93\x01\x02\x03"])))  # valid msgpack, not a trajectory
+        f.write(b"".join(frame(b"\x93\x01\x02\x03")))  # valid msgpack, not a trajectory
         f.write(record_bytes(make_traj("a", 1)))
     (problem,) = verify(shard)
     assert problem.startswith(f"{shard}: byte offset {end}: bad trajectory record")

@@ -50,17 +50,6 @@ def test_unencodable_trajectory_leaves_shard_untouched(tmp_path, make_traj):
     assert len(list(iter_trajectories(tmp_path))) == 1
 
 
-def test_record_of_more_buffers_than_one_writev_takes(tmp_path, make_traj):
-    """300 traces are 1200 token buffers, past IOV_MAX (1024): the record still lands whole."""
-    many = make_traj("a", 0, n=5)
-    many.traces *= 300
-    with ShardWriter(tmp_path, "gw0", 1 << 20, 60) as w:
-        w.append(many)
-        w.append(make_traj("b", 0))
-    assert list(iter_trajectories(tmp_path)) == [many, make_traj("b", 0)]
-    assert verify(tmp_path) == []
-
-
 def test_short_writes_are_resumed_mid_buffer(tmp_path, make_traj, monkeypatch):
     """A writev that takes only part of what it is given (as the OS may) is continued exactly."""
     real = os.writev
