@@ -4,14 +4,15 @@ One scripted engine; four ways to reach it: directly (its /v1/chat/completions),
 polar-hpc proxy in tito mode (the proxy renders with the model's tokenizer, calls /generate,
 parses tool calls and ships a CallRecord per call to a stand-in gateway), through a second proxy in
 passthrough mode, and through sglang-router (`python -m sglang_router.launch_router`, cache_aware
-policy, forwarding the same chat route). At each concurrency C, a round runs max(C, 32) sessions,
+policy, forwarding the same chat route). At each concurrency C, a round runs max(C, 64) sessions,
 C at a time (so at C=1 one after another), each a two-call calculator conversation (a tool call,
-then the answer with the history re-sent); `--rounds` rounds interleave the targets. Each figure is
+then the answer with the history re-sent); `--rounds` rounds interleave the targets, each round
+starting with the next target in turn (so none always runs first or last). Each figure is
 the median over rounds of that round's per-call latency percentile or calls/s; "added" figures are
 a target's percentile minus the direct one in the same round. Run it on a quiet machine: every
 process shares its CPUs. Last line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
 
-    uv run python bench/proxy.py [--concurrency 1 64 256] [--rounds 5]
+    uv run python bench/proxy.py [--concurrency 1 64 256] [--rounds 15]
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
+import queue
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -37,77 +40,100 @@ from polar_hpc import procs, wire
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
-MIN_SESSIONS = 32  # per round, so that even C=1 yields enough calls for percentiles
+MIN_SESSIONS = 64  # per round, so that even C=1 yields enough calls for percentiles
 PROXIES = {"proxy": "tito", "passthrough": "passthrough"}  # target name (the proxy's id): mode
 
 
 class Gateway:
-    """The proxies' peer: opens sessions, heartbeats, and counts the records it is sent."""
+    """The proxies' peer, in a process of its own as a real gateway is (so that taking records costs
+    the load generator nothing): opens sessions, heartbeats, and counts the records it is sent."""
 
     def __init__(self, endpoint: str) -> None:
-        self.records = 0
-        self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.bind(endpoint)
-        self._peers: dict[str, bytes] = {}  # proxy id -> its ROUTER identity
-        self._opened: set[str] = set()
-        self._todo: list[tuple[str, wire.Message]] = []
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+        mp = multiprocessing.get_context("spawn")
+        self._commands, self._replies = mp.Queue(), mp.Queue()
+        self._proc = mp.Process(target=_gateway, args=(endpoint, self._commands, self._replies), daemon=True)
+        self._proc.start()
 
-    def _loop(self) -> None:
-        beat = wire.encode(wire.Heartbeat("gateway", 0.0))
-        last = 0.0
-        while not self._done.is_set():
-            if self._sock.poll(10):
-                peer, data = self._sock.recv_multipart()
-                message = wire.decode(data)
-                if isinstance(message, wire.CallRecord):
-                    self.records += 1
-                elif isinstance(message, wire.ProxyHello):
-                    self._peers[message.proxy_id] = peer
-                elif isinstance(message, wire.SessionOpened):
-                    self._opened.add(message.session_id)
-            with self._lock:
-                todo, self._todo = self._todo, []
-            for proxy_id, message in todo:
-                self._sock.send_multipart([self._peers[proxy_id], wire.encode(message)])
-            if time.monotonic() - last > 0.3:
-                for peer in list(self._peers.values()):
-                    self._sock.send_multipart([peer, beat])
-                last = time.monotonic()
-        self._sock.close(linger=0)
-        self._ctx.term()
+    def _ask(self, *command: object) -> None:
+        self._commands.put(command)
+        error = self._replies.get(timeout=60)
+        if error is not None:
+            raise error
 
     def open(self, proxy_id: str, tokens: list[str]) -> None:
-        deadline = time.monotonic() + 30
-        while proxy_id not in self._peers:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"proxy {proxy_id} never said hello")
-            time.sleep(0.01)
-        with self._lock:
-            self._todo += [(proxy_id, wire.OpenSession(session_id=t, token=t)) for t in tokens]
-        while not set(tokens) <= self._opened:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"proxy {proxy_id} did not open the sessions")
-            time.sleep(0.01)
+        self._ask("open", proxy_id, tokens)
 
     def wait_records(self, expected: int) -> None:
-        """Records leave after the answers: give the last ones a moment to arrive."""
-        deadline = time.monotonic() + 10
-        while self.records < expected and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if self.records != expected:
-            raise RuntimeError(f"the proxies recorded {self.records} calls, not {expected}")
+        """Records leave after the answers: wait for the last ones to arrive."""
+        self._ask("wait", expected)
 
     def close(self) -> None:
-        with self._lock:
-            self._todo += [(p, wire.Shutdown(reason="bench done")) for p in self._peers]
-        time.sleep(0.3)
-        self._done.set()
-        self._thread.join(timeout=5)
+        self._ask("close")
+        self._proc.join(timeout=5)
+
+
+def _gateway(endpoint: str, commands: multiprocessing.Queue, replies: multiprocessing.Queue) -> None:
+    """The gateway process: serves the proxies on a ROUTER socket, and the bench's commands one at
+    a time (each a generator that yields until it is done; a reply when it is, or an error after
+    30 s), until "close"."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(endpoint)
+    peers: dict[str, bytes] = {}  # proxy id -> its ROUTER identity
+    opened: set[str] = set()
+    records = 0
+
+    def open_sessions(proxy_id: str, tokens: list[str]) -> Iterator[None]:
+        while proxy_id not in peers:
+            yield
+        for t in tokens:
+            sock.send_multipart([peers[proxy_id], wire.encode(wire.OpenSession(session_id=t, token=t))])
+        while not set(tokens) <= opened:
+            yield
+
+    def wait_records(expected: int) -> Iterator[None]:
+        while records < expected:
+            yield
+
+    jobs = {"open": open_sessions, "wait": wait_records}
+    beat, last = wire.encode(wire.Heartbeat("gateway", 0.0)), 0.0
+    job, deadline = None, 0.0
+    while True:
+        if sock.poll(1):
+            peer, data = sock.recv_multipart()
+            message = wire.decode(data)
+            if isinstance(message, wire.CallRecord):
+                records += 1
+            elif isinstance(message, wire.ProxyHello):
+                peers[message.proxy_id] = peer
+            elif isinstance(message, wire.SessionOpened):
+                opened.add(message.session_id)
+            continue
+        if time.monotonic() - last > 0.3:
+            for peer in peers.values():
+                sock.send_multipart([peer, beat])
+            last = time.monotonic()
+        if job is None:
+            try:
+                kind, *args = commands.get_nowait()
+            except queue.Empty:
+                continue
+            if kind == "close":
+                break
+            job, deadline = jobs[kind](*args), time.monotonic() + 30
+        if next(job, "done") == "done":
+            replies.put(None)
+            job = None
+        elif time.monotonic() > deadline:
+            replies.put(RuntimeError(f"gateway: {kind} not done in 30 s ({records} records, "
+                                     f"{len(peers)} proxies, {len(opened)} sessions open)"))
+            job = None
+    for peer in peers.values():
+        sock.send_multipart([peer, wire.encode(wire.Shutdown(reason="bench done"))])
+    time.sleep(0.3)
+    replies.put(None)
+    sock.close(linger=0)
+    ctx.term()
 
 
 async def session(http: aiohttp.ClientSession, url: str, token: str, latencies: list[float]) -> None:
@@ -201,7 +227,7 @@ def positive(text: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=positive, nargs="+", default=[1, 64, 256])
-    parser.add_argument("--rounds", type=positive, default=5, help="Interleaved rounds per concurrency.")
+    parser.add_argument("--rounds", type=positive, default=15, help="Interleaved rounds per concurrency.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pxb") as d:
         tmp = Path(d)
@@ -220,9 +246,11 @@ def main() -> None:
             for c in args.concurrency:
                 n = max(c, MIN_SESSIONS) + 1  # the first session warms up
                 rounds = []
+                names = list(targets)
                 for round_ in range(args.rounds):  # interleaved, so load drifts hit all alike
                     got = {}
-                    for name, url in targets.items():
+                    for name in names[round_ % len(names):] + names[: round_ % len(names)]:
+                        url = targets[name]
                         tokens = [f"{name}-c{c}-{round_}-{i}" for i in range(n)]
                         if name in PROXIES:
                             gateway.open(name, tokens)
