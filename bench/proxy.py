@@ -99,7 +99,7 @@ def _gateway(endpoint: str, commands: multiprocessing.Queue, replies: multiproce
     beat, last = wire.encode(wire.Heartbeat("gateway", 0.0)), 0.0
     job, deadline = None, 0.0
     while True:
-        if sock.poll(1):
+        if sock.poll(10):
             peer, data = sock.recv_multipart()
             message = wire.decode(data)
             if isinstance(message, wire.CallRecord):

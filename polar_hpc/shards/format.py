@@ -86,13 +86,8 @@ def decode_header(payload: bytes) -> Header:
 
 
 def encode_record(traj: Trajectory) -> tuple[bytes, bytes]:
-    """The record of `traj` as `frame` gives it. Raises TypeError for odd metadata or a packed field
-    that is not the array a Trace holds."""
-    for trace in traj.traces:
-        for name, code in PACKED.items():
-            values = getattr(trace, name)
-            if type(values) is not array or values.typecode != code:
-                raise TypeError(f"trace field {name} is {type(values).__name__}, not array({code!r})")
+    """The record of `traj` as `frame` gives it (a Trace's packed fields are always its arrays: it
+    is frozen). Raises TypeError for metadata msgpack cannot hold."""
     return frame(_encoder.encode(traj))
 
 

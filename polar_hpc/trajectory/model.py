@@ -7,9 +7,10 @@ trace, in call order. Constructing either struct with misaligned lists, or a tra
 unknown status, raises ValueError.
 
 The token ids and loss mask are held as `array('i')` (int32), the logprobs as `array('f')`
-(float32): a trace's tokens are one flat buffer each, which shard writing hands to the OS as is.
-A trace given other sequences converts them (OverflowError for an id outside int32); compare with
-lists through `.tolist()`.
+(float32): a trace's tokens are one flat buffer each, which shard writing copies as is. A trace
+given other sequences converts them (OverflowError for an id outside int32); compare with lists
+through `.tolist()`. A Trace is frozen (assigning a field raises AttributeError; the arrays
+themselves may still grow), so its packed fields are always these arrays.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ assert array("i").itemsize == 4 and array("f").itemsize == 4, "array('i') / arra
 PACKED = {"prompt_ids": "i", "response_ids": "i", "loss_mask": "i", "logprobs": "f"}  # trace field -> array code
 
 
-class Trace(msgspec.Struct):
+class Trace(msgspec.Struct, frozen=True):
     prompt_ids: array
     response_ids: array
     loss_mask: array
@@ -42,7 +43,7 @@ class Trace(msgspec.Struct):
         for name, code in PACKED.items():
             values = getattr(self, name)
             if not (isinstance(values, array) and values.typecode == code):
-                setattr(self, name, array(code, values))
+                msgspec.structs.force_setattr(self, name, array(code, values))
         n = len(self.response_ids)
         if len(self.loss_mask) != n or len(self.logprobs) != n:
             raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -44,7 +45,7 @@ def test_filter_and_group():
     # make_trajectory's calls used versions "v0" and "v1"
     assert all(Filter(weight_versions=(0, 1)).passes(t) for t in trajs)
     assert not any(Filter(weight_versions=(1, None)).passes(t) for t in trajs)
-    trajs[0].traces[0].weight_versions = ["main", "v1"]
+    trajs[0].traces[0] = msgspec.structs.replace(trajs[0].traces[0], weight_versions=["main", "v1"])
     assert not Filter(weight_versions=(0, None)).passes(trajs[0])
 
 
