@@ -26,7 +26,6 @@ import contextlib
 import functools
 import json
 import logging
-import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import Any
 import msgspec
 
 from polar_hpc.proxy import aborted
-from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, message_key
+from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, message_key, new_id
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
 from polar_hpc.proxy.tool_parsers import CallReader, parser_for
@@ -248,7 +247,7 @@ class Tito:
         for key in ("temperature", "top_p"):
             if getattr(call, key) is not None:
                 sampling[key] = getattr(call, key)
-        rid = uuid.uuid4().hex
+        rid = call.id
         body = {"input_ids": prompt_ids, "sampling_params": sampling, "return_logprob": True,
                 "stream": call.stream, "rid": rid}
         (last, url, reply), retried = await self.router.attempt(
@@ -324,4 +323,4 @@ class Tito:
 
 
 def _tool_call(name: str, arguments: str) -> ToolCall:
-    return ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, arguments)
+    return ToolCall(f"call_{new_id()[8:]}", name, arguments)  # 24 digits, as OpenAI's
