@@ -35,8 +35,16 @@ class BadRequest(Exception):
         self.param = param
 
 
-_ID_PREFIX = os.urandom(8).hex()
 _ids = itertools.count()
+
+
+def _new_prefix() -> None:
+    global _ID_PREFIX
+    _ID_PREFIX = os.urandom(8).hex()
+
+
+_new_prefix()
+os.register_at_fork(after_in_child=_new_prefix)  # a forked child must not repeat its parent's ids
 
 
 def new_id() -> str:
