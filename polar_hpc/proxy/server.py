@@ -89,18 +89,29 @@ _APIS = (oc, openai_responses, anthropic)
 
 
 @dataclass(eq=False)
+class _InFlight:
+    """One harness call being answered, in the task aiohttp runs its handler in."""
+
+    task: asyncio.Task
+    sent: web.StreamResponse | None = None  # the answer, once its head is being sent
+    stopped: asyncio.Future | None = None  # set by `stop`; done once the handler has finished
+
+    def stop(self) -> asyncio.Future:
+        """Cancel the call (its session closed, or the proxy stops)."""
+        if self.stopped is None:
+            self.stopped = asyncio.get_running_loop().create_future()
+            self.task.cancel()
+        return self.stopped
+
+
+@dataclass(eq=False)
 class _Session:
     session_id: str
     token: str
     n_calls: int = 0
     open: bool = True
-    calls: set[asyncio.Task] = field(default_factory=set)
+    calls: set[_InFlight] = field(default_factory=set)
     aborted: list[str] = field(default_factory=list)  # weight versions of attempts aborted since the last record
-
-
-@dataclass
-class _Reply:
-    stream: web.StreamResponse | None = None
 
 
 class _Proxy:
@@ -161,19 +172,17 @@ class _Proxy:
             return
         session.open = False
         self._by_token.pop(session.token, None)
-        calls = set(session.calls)
-        for call in calls:
-            call.cancel()
-        if calls:
-            await asyncio.wait(calls)
+        stopped = [flight.stop() for flight in list(session.calls)]
+        if stopped:
+            await asyncio.wait(stopped)
         self.mode.forget(session_id)
         self.router.forget(session_id)
         self.link.send(wire.SessionClosed(session_id=session_id, n_calls=session.n_calls))
 
     def cancel_calls(self) -> None:
         for session in self._sessions.values():
-            for call in session.calls:
-                call.cancel()
+            for flight in list(session.calls):
+                flight.stop()
 
     # --- harness side ---------------------------------------------------------------------------
 
@@ -194,74 +203,75 @@ class _Proxy:
         if self.opts.strict_model and asked not in (None, self.opts.model):
             message = f"The model {asked!r} does not exist; this run serves {self.opts.model!r}."
             return _json(404, api.error_body(404, message, "not_found", "model"))
-        reply = _Reply()
-        task = asyncio.ensure_future(self._serve(api, session, request, body, call, reply))
-        session.calls.add(task)
-        task.add_done_callback(session.calls.discard)
+        flight = _InFlight(asyncio.current_task())
+        session.calls.add(flight)
         try:
-            await asyncio.wait([task])
+            return await self._serve(api, session, request, body, call, flight)
         except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if not task.cancelled():
-            return task.result()
-        if reply.stream is not None:
-            return reply.stream
+            if flight.stopped is None:  # not the proxy's doing: aiohttp is shutting down
+                raise
+            flight.task.uncancel()
+        finally:
+            session.calls.discard(flight)
+            if flight.stopped is not None:
+                flight.stopped.set_result(None)
+        if flight.sent is not None:
+            return flight.sent
         if not session.open:
             return _unauthorized(api)
         return _json(503, api.error_body(503, "proxy is shutting down", "unavailable"))
 
-    async def _serve(self, api, session: _Session, request, body, call, reply: _Reply):
+    async def _serve(self, api, session: _Session, request, body, call, flight: _InFlight):
         """Answer one call (streaming as it is sampled, if asked) and record it."""
         t_start = time.time()
         events = api.Events(call, body, self.opts.model) if call.stream else None
 
         async def begin() -> None:
-            if reply.stream is None:
-                reply.stream = web.StreamResponse(
+            if flight.sent is None:
+                flight.sent = web.StreamResponse(
                     headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
                 )
-                await reply.stream.prepare(request)
-                await reply.stream.write(events.start())
+                await flight.sent.prepare(request)
+                await flight.sent.write(events.start())
 
         async def emit(piece: str | ToolCall) -> None:
             if events is not None:
                 await begin()
-                await reply.stream.write(events.delta(piece))
+                await flight.sent.write(events.delta(piece))
 
         try:
             outcome = await self.mode.answer(session.session_id, call, emit)
         except ConnectionResetError:  # the harness hung up mid-stream: nothing it saw to record
             log.info("session %s: harness closed its stream before the answer was complete",
                      session.session_id)
-            return reply.stream
+            return flight.sent
         except aborted.Aborted as e:
             session.aborted.append(e.weight_version)
-            return await aborted.answer(api, e, reply.stream, events)
+            return await aborted.answer(api, e, flight.sent, events)
         except EngineError as e:
             kind = "upstream" if e.status != 400 else (
                 "context_length" if "context length" in e.message else "invalid_request")
-            if reply.stream is None:
+            if flight.sent is None:
                 return _json(e.status, api.error_body(e.status, e.message, kind))
-            await reply.stream.write(events.error(e.status, e.message, kind))
-            await reply.stream.write_eof()
-            return reply.stream
+            await flight.sent.write(events.error(e.status, e.message, kind))
+            await flight.sent.write_eof()
+            return flight.sent
         t_end = time.time()
         response = api.response(outcome, body, self.opts.model, call.id)
-        answer = _json(200, response) if events is None else None
         try:  # the harness's answer first; the record is sent even if the call is cancelled now
-            if answer is not None:
-                await answer.prepare(request)
-                await answer.write_eof()
+            if events is None:
+                flight.sent = _json(200, response)
+                await flight.sent.prepare(request)
+                await flight.sent.write_eof()
             else:
                 await begin()
-                await reply.stream.write(events.end(outcome))
-                await reply.stream.write_eof()
+                await flight.sent.write(events.end(outcome))
+                await flight.sent.write_eof()
         except ConnectionResetError:  # recorded: the harness saw every token but the last ones
             log.info("session %s: harness hung up before the end of its answer", session.session_id)
         finally:
             self._record(api, session, body, call, outcome, response, (t_start, t_end))
-        return answer if answer is not None else reply.stream
+        return flight.sent
 
     def _record(self, api, session: _Session, body, call, outcome, response, times) -> None:
         meta = dict(outcome.meta)
