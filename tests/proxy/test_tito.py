@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 import time
@@ -11,7 +13,7 @@ import pytest
 
 from polar_hpc import wire
 from polar_hpc.engines.chat_format import ASSET_DIR, ChatFormat
-from polar_hpc.proxy.tito import RENDER_CACHE, Renderer
+from polar_hpc.proxy.tito import RENDER_CACHE, Renderer, _templated
 
 from proxy.helpers import CALCULATOR, MODEL, check_capture, extends, start_engine, start_proxy, stop
 
@@ -36,12 +38,62 @@ def test_renderer_is_the_engine_rendering():
     assert fmt.im_end_id in r.eos_ids
 
 
+# A template that reads what apply_chat_template adds or drops: special tokens, tools or none,
+# None-valued fields (dropped), reasoning under its other names (aliased), raise_exception.
+PROBE_TEMPLATE = (
+    "{{- bos_token -}}"
+    "{%- if tools is not none -%}[tools: {{ tools | map(attribute='function.name') | join(',') }}]"
+    "{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role not in ['system', 'user', 'assistant', 'tool'] -%}"
+    "{{- raise_exception('bad role ' + m.role) -}}{%- endif -%}"
+    "<{{ m.role }}>"
+    "{%- if m.reasoning_content is defined -%}<think>{{ m.reasoning_content }}</think>{%- endif -%}"
+    "{%- if m.content is defined -%}{{ m.content if m.content is string else m.content | tojson }}"
+    "{%- else -%}(no content){%- endif -%}"
+    "{%- for tc in m.tool_calls or [] -%}<call {{ tc.function.name }} {{ tc.function.arguments | tojson }}>"
+    "{%- endfor -%}{{ eos_token }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<assistant>{%- endif -%}"
+)
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "sys"}, {"role": "user", "content": "What is 2+3?"},
+     {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+      "function": {"name": "calculator", "arguments": '{"expression": "2+3"}'}}]},
+     {"role": "tool", "tool_call_id": "c", "content": "5"}],
+    [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+     {"role": "assistant", "content": "ab", "reasoning": "they asked for ab", "name": None}],
+]
+
+
+@pytest.mark.parametrize("template", ["scripted", "probe"])
+def test_renderer_renders_as_apply_chat_template(tmp_path, template):
+    folder = ASSET_DIR
+    if template == "probe":
+        folder = tmp_path
+        config = json.loads((ASSET_DIR / "tokenizer_config.json").read_text())
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": PROBE_TEMPLATE}))
+        shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path)
+    r = Renderer(folder)
+    for messages in CONVERSATIONS:
+        for tools in (TOOLS, None):
+            for generation in (True, False):
+                expected = r.tokenizer.apply_chat_template(
+                    _templated(messages), tools=tools, tokenize=False, add_generation_prompt=generation)
+                assert r.text(messages, tools, generation) == expected
+    if template == "probe":
+        assert "<think>they asked for ab</think>" in r.text(CONVERSATIONS[2], None, False)
+        assert "(no content)<call calculator" in r.text(CONVERSATIONS[1], None, False)
+        with pytest.raises(Exception, match="bad role robot"):
+            r.text([{"role": "robot", "content": "x"}], None, True)
+
+
 def test_renderer_caches_renderings_by_what_the_template_sees(monkeypatch):
     r = Renderer(ASSET_DIR)
     renders = []
-    real = r.tokenizer.apply_chat_template
-    monkeypatch.setattr(r.tokenizer, "apply_chat_template",
-                        lambda *a, **k: renders.append(1) or real(*a, **k))
+    real = r._render
+    monkeypatch.setattr(r, "_render", lambda *a: renders.append(1) or real(*a))
     hi = [{"role": "user", "content": "Hi"}]
     first = r.text(hi, TOOLS, True)
     assert r.text([{"role": "user", "content": "Hi"}], TOOLS, True) == first
