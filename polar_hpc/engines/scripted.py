@@ -8,8 +8,8 @@ Routes: POST /generate (SGLang native, streaming or not), POST /v1/chat/completi
 with tools, logprobs and SGLang's `return_token_ids`; in `scripted_chat.py`), GET /health,
 GET /get_model_info, GET /v1/models, and SGLang's weight-update routes (/pause_generation,
 /update_weights_from_disk, /continue_generation; in `scripted_weights.py`). `serve(options)`
-blocks: it listens (port 0: a free port), writes `{"url": ...}` to the ready file atomically, and returns after SIGTERM/SIGINT. A bad rules
-file raises ConfigError before anything listens.
+blocks: it listens (port 0: a free port), writes `{"url": ...}` to the ready file atomically, and
+returns after SIGTERM/SIGINT. A bad rules file raises ConfigError before anything listens.
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 - `check_generate(answer)` / `check_chat(answer)`: raise `Aborted` when an engine answer (SGLang
   /generate, or its last stream event; /v1/chat/completions) ends with finish_reason abort.
 - `answer(api, error, stream, events)`: nothing streamed yet (`stream` None): HTTP 503 with
-  `Retry-After: 1` and `x-should-retry: true`, the body in the API's error shape (the openai and anthropic SDKs retry
-  it). The stream began: the API's own error event, then the end of the stream.
+  `Retry-After: 1` and `x-should-retry: true`, the body in the API's error shape (the openai and
+  anthropic SDKs retry it). The stream began: the API's own error event, then the end of the
+  stream.
 - An aborted attempt leaves no record; `summary(versions)` is what the session's next record
   carries in meta["aborted_attempts"]: `{"count": n, "versions": [weight version of each]}`.
 """
