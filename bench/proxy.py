@@ -9,8 +9,10 @@ C at a time (so at C=1 one after another), each a two-call calculator conversati
 then the answer with the history re-sent); `--rounds` rounds interleave the targets, each round
 starting with the next target in turn (so none always runs first or last). Each figure is
 the median over rounds of that round's per-call latency percentile or calls/s; "added" figures are
-a target's percentile minus the direct one in the same round. Run it on a quiet machine: every
-process shares its CPUs. Last line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
+a target's percentile minus the direct one in the same round. `*_cpu_ms` is the time the threads of the
+proxy or router process ran on a CPU per call, and `*_engine_cpu_ms` the engine's,
+over the round (so the whole cost of a call on each path is their sum). Run it on a quiet machine:
+every process shares its CPUs. Last line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
 
     uv run python bench/proxy.py [--concurrency 1 64 256] [--rounds 15]
 """
@@ -41,6 +43,7 @@ TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
 MIN_SESSIONS = 64  # per round, so that even C=1 yields enough calls for percentiles
+CALLS = 2  # per session
 PROXIES = {"proxy": "tito", "passthrough": "passthrough"}  # target name (the proxy's id): mode
 
 
@@ -139,7 +142,7 @@ def _gateway(endpoint: str, commands: multiprocessing.Queue, replies: multiproce
 async def session(http: aiohttp.ClientSession, url: str, token: str, latencies: list[float]) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     messages = [{"role": "user", "content": "What is 17 * 23 + 4?"}]
-    for _ in range(2):
+    for _ in range(CALLS):
         t0 = time.perf_counter()
         async with http.post(url, json={"model": "m", "messages": messages, "tools": TOOLS},
                              headers=headers) as resp:
@@ -170,6 +173,12 @@ async def measure(url: str, tokens: list[str], c: int) -> dict[str, float]:
     q = statistics.quantiles(latencies, n=100, method="inclusive")
     return {"p50": statistics.median(latencies) * 1000, "p99": q[98] * 1000,
             "calls_per_s": len(latencies) / wall}
+
+
+def cpu_s(pid: int) -> float:
+    """Seconds a process's live threads have run on a CPU so far (Linux schedstat, ns-exact)."""
+    return sum(int((task / "schedstat").read_text().split()[0])
+               for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
 
 
 def free_port() -> int:
@@ -208,13 +217,16 @@ def figures(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
     def median(fn) -> float:
         return round(statistics.median(fn(r) for r in rounds), 3)
 
-    out = {"direct_p50_ms": median(lambda r: r["direct"]["p50"])}
+    out = {"direct_p50_ms": median(lambda r: r["direct"]["p50"]),
+           "direct_engine_cpu_ms": median(lambda r: r["direct"]["engine_cpu_ms"])}
     for name in ("proxy", "passthrough", "router"):
         out[f"{name}_p50_ms"] = median(lambda r: r[name]["p50"])
         out[f"{name}_added_p50_ms"] = median(lambda r: r[name]["p50"] - r["direct"]["p50"])
         out[f"{name}_added_p99_ms"] = median(lambda r: r[name]["p99"] - r["direct"]["p99"])
         out[f"{name}_throughput_ratio"] = median(
             lambda r: r[name]["calls_per_s"] / r["direct"]["calls_per_s"])
+        out[f"{name}_cpu_ms"] = median(lambda r: r[name]["cpu_ms"])
+        out[f"{name}_engine_cpu_ms"] = median(lambda r: r[name]["engine_cpu_ms"])
     return out
 
 
@@ -234,6 +246,7 @@ def main() -> None:
         engine, engine_url = start("engine", ["engine", "--kind", "scripted", "--port", "0"], tmp)
         gateway = Gateway(f"ipc://{tmp}/gw.ipc")
         children, targets = [engine], {"direct": engine_url}
+        pids = {}  # target name: its process (none for direct)
         router = None
         try:
             for proxy_id, mode in PROXIES.items():
@@ -241,7 +254,9 @@ def main() -> None:
                     "proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", engine_url,
                     "--mode", mode, "--proxy-id", proxy_id], tmp)
                 children.append(child)
+                pids[proxy_id] = child.proc.pid
             router, targets["router"] = start_router(engine_url, tmp)
+            pids["router"] = router.pid
             results, expected = {}, 0
             for c in args.concurrency:
                 n = max(c, MIN_SESSIONS) + 1  # the first session warms up
@@ -255,7 +270,12 @@ def main() -> None:
                         if name in PROXIES:
                             gateway.open(name, tokens)
                             expected += 2 * n
+                        used = {pid: cpu_s(pid) for pid in (pids.get(name), engine.proc.pid) if pid}
                         got[name] = asyncio.run(measure(url + "/v1/chat/completions", tokens, c))
+                        per_call = {pid: (cpu_s(pid) - t) * 1000 / (CALLS * n) for pid, t in used.items()}
+                        got[name]["engine_cpu_ms"] = per_call[engine.proc.pid]
+                        if name in pids:
+                            got[name]["cpu_ms"] = per_call[pids[name]]
                     rounds.append(got)
                 results[f"c{c}"] = figures(rounds)
                 print(f"c={c}: {json.dumps(results[f'c{c}'])}", file=sys.stderr, flush=True)
