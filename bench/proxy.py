@@ -1,18 +1,18 @@
 """What the proxy adds to a call, next to sglang-router, on the same scripted engine, in one run.
 
 One scripted engine; four ways to reach it: directly (its /v1/chat/completions), through the
-polar-hpc proxy in tito mode (the proxy renders with the model's tokenizer, calls /generate,
-parses tool calls and ships a CallRecord per call to a stand-in gateway), through a second proxy in
+polar-hpc proxy in tito mode (the proxy renders with the model's tokenizer, calls /generate, parses
+tool calls and ships a CallRecord per call to a stand-in gateway), through a second proxy in
 passthrough mode, and through sglang-router (`python -m sglang_router.launch_router`, cache_aware
-policy, forwarding the same chat route). At each concurrency C, a round runs max(C, 64) sessions,
-C at a time (so at C=1 one after another), each a two-call calculator conversation (a tool call,
-then the answer with the history re-sent); `--rounds` rounds interleave the targets, each round
-starting with the next target in turn (so none always runs first or last). Each figure is
-the median over rounds of that round's per-call latency percentile or calls/s; "added" figures are
-a target's percentile minus the direct one in the same round. `*_cpu_ms` is the time the threads of the
-proxy or router process ran on a CPU per call, and `*_engine_cpu_ms` the engine's,
-over the round (so the whole cost of a call on each path is their sum). Run it on a quiet machine:
-every process shares its CPUs. Last line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
+policy, forwarding the same chat route). At each concurrency C, a round runs max(C, 64) sessions, C
+at a time (so at C=1 one after another), each a two-call calculator conversation (a tool call, then
+the answer with the history re-sent); `--rounds` rounds interleave the targets, each round starting
+with the next target in turn (so none always runs first or last). Each figure is the median over
+rounds of that round's per-call latency percentile or calls/s; "added" figures are a target's
+percentile minus the direct one in the same round. `*_cpu_ms` is the time the threads of the proxy
+or router process ran on a CPU per call, and `*_engine_cpu_ms` the engine's, over the round (so the
+whole cost of a call on each path is their sum). Run it on a quiet machine: every process shares
+its CPUs. Last line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
 
     uv run python bench/proxy.py [--concurrency 1 64 256] [--rounds 15]
 """
@@ -269,10 +269,11 @@ def main() -> None:
                         tokens = [f"{name}-c{c}-{round_}-{i}" for i in range(n)]
                         if name in PROXIES:
                             gateway.open(name, tokens)
-                            expected += 2 * n
+                            expected += CALLS * n
                         used = {pid: cpu_s(pid) for pid in (pids.get(name), engine.proc.pid) if pid}
                         got[name] = asyncio.run(measure(url + "/v1/chat/completions", tokens, c))
-                        per_call = {pid: (cpu_s(pid) - t) * 1000 / (CALLS * n) for pid, t in used.items()}
+                        per_call = {pid: (cpu_s(pid) - t) * 1000 / (CALLS * n)
+                                    for pid, t in used.items()}
                         got[name]["engine_cpu_ms"] = per_call[engine.proc.pid]
                         if name in pids:
                             got[name]["cpu_ms"] = per_call[pids[name]]
