@@ -4,15 +4,17 @@ One scripted engine; four ways to reach it: directly (its /v1/chat/completions),
 polar-hpc proxy in tito mode (the proxy renders with the model's tokenizer, calls /generate, parses
 tool calls and ships a CallRecord per call to a stand-in gateway), through a second proxy in
 passthrough mode, and through sglang-router (`python -m sglang_router.launch_router`, cache_aware
-policy, forwarding the same chat route). At each concurrency C, a round runs max(C, 64) sessions, C
-at a time (so at C=1 one after another), each a two-call calculator conversation (a tool call, then
-the answer with the history re-sent); `--rounds` rounds interleave the targets, each round starting
-with the next target in turn (so none always runs first or last). Each figure is the median over
-rounds of that round's per-call latency percentile or calls/s; "added" figures are a target's
-percentile minus the direct one in the same round. `*_cpu_ms` is the time the threads of the proxy
-or router process ran on a CPU per call, and `*_engine_cpu_ms` the engine's, over the round (so the
-whole cost of a call on each path is their sum). Run it on a quiet machine: every process shares
-its CPUs. Last line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
+policy, forwarding the same chat route). At each concurrency C, a round runs max(C, 64) sessions per
+target, C at a time, each a two-call calculator conversation (a tool call, then the answer with the
+history re-sent). At C=1 the targets take turns session by session within the round (the host's
+state drifts within a fraction of a second, by more than a target adds, so only turns this short
+compare like with like); at C>1 each target runs its sessions alone. Each round starts with the next
+target in turn (so none always runs first or last). Each figure is the median over rounds of that
+round's per-call latency percentile or calls/s; "added" figures are a target's percentile minus the
+direct one in the same round. `*_cpu_ms` is the time the threads of the proxy or router process ran
+on a CPU per call, and `*_engine_cpu_ms` the engine's, while the target ran (so the whole cost of a
+call on each path is their sum). Run it on a quiet machine: every process shares its CPUs. Last
+line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
 
     uv run python bench/proxy.py [--concurrency 1 64 256] [--rounds 15]
 """
@@ -31,8 +33,9 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import zmq
@@ -156,23 +159,45 @@ async def session(http: aiohttp.ClientSession, url: str, token: str, latencies: 
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": "395"})
 
 
-async def measure(url: str, tokens: list[str], c: int) -> dict[str, float]:
-    """Run one session per token, `c` at a time; the round's latency percentiles and calls/s."""
-    latencies: list[float] = []
-    gate = asyncio.Semaphore(c)
-
-    async def one(token: str) -> None:
-        async with gate:
-            await session(http, url, token, latencies)
-
+async def measure(targets: dict[str, str], tokens: dict[str, list[str]], c: int,
+                  pids: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
+    """One round: each target's sessions (one per token after the first, which warms the connection
+    and the caches), `c` at a time. At c=1 the targets take turns session by session, so that what
+    the host does meanwhile hits them alike; at c>1 each target runs its sessions alone (together
+    they would share the engine). Per target: latency percentiles, calls/s while it ran, and for each
+    figure name: pid in `pids[target]`, that process's CPU time per call (ms)."""
+    latencies: dict[str, list[float]] = {name: [] for name in targets}
+    wall = dict.fromkeys(targets, 0.0)
+    cpu = {name: dict.fromkeys(pids[name], 0.0) for name in targets}  # figure name: CPU seconds
+    n = len(next(iter(tokens.values())))
+    if c == 1:
+        stints = [(name, [tokens[name][i]]) for i in range(1, n) for name in targets]
+    else:
+        stints = [(name, tokens[name][1:]) for name in targets]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        await session(http, url, tokens[0], [])  # warm the connection and the caches
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(t) for t in tokens[1:]))
-        wall = time.perf_counter() - t0
-    q = statistics.quantiles(latencies, n=100, method="inclusive")
-    return {"p50": statistics.median(latencies) * 1000, "p99": q[98] * 1000,
-            "calls_per_s": len(latencies) / wall}
+        for name, url in targets.items():
+            await session(http, url, tokens[name][0], [])
+        for name, stint in stints:
+            gate = asyncio.Semaphore(c)
+            used = {figure: cpu_s(pid) for figure, pid in pids[name].items()}
+            t0 = time.perf_counter()
+            await asyncio.gather(*(gated(gate, session(http, targets[name], t, latencies[name]))
+                                   for t in stint))
+            wall[name] += time.perf_counter() - t0
+            for figure, t in used.items():
+                cpu[name][figure] += cpu_s(pids[name][figure]) - t
+    out = {}
+    for name, got in latencies.items():
+        q = statistics.quantiles(got, n=100, method="inclusive")
+        out[name] = {"p50": statistics.median(got) * 1000, "p99": q[98] * 1000,
+                     "calls_per_s": len(got) / wall[name],
+                     **{figure: t * 1000 / len(got) for figure, t in cpu[name].items()}}
+    return out
+
+
+async def gated(gate: asyncio.Semaphore, work: Coroutine[Any, Any, None]) -> None:
+    async with gate:
+        await work
 
 
 def cpu_s(pid: int) -> float:
@@ -263,21 +288,16 @@ def main() -> None:
                 rounds = []
                 names = list(targets)
                 for round_ in range(args.rounds):  # interleaved, so load drifts hit all alike
-                    got = {}
-                    for name in names[round_ % len(names):] + names[: round_ % len(names)]:
-                        url = targets[name]
-                        tokens = [f"{name}-c{c}-{round_}-{i}" for i in range(n)]
-                        if name in PROXIES:
-                            gateway.open(name, tokens)
-                            expected += CALLS * n
-                        used = {pid: cpu_s(pid) for pid in (pids.get(name), engine.proc.pid) if pid}
-                        got[name] = asyncio.run(measure(url + "/v1/chat/completions", tokens, c))
-                        per_call = {pid: (cpu_s(pid) - t) * 1000 / (CALLS * n)
-                                    for pid, t in used.items()}
-                        got[name]["engine_cpu_ms"] = per_call[engine.proc.pid]
-                        if name in pids:
-                            got[name]["cpu_ms"] = per_call[pids[name]]
-                    rounds.append(got)
+                    order = names[round_ % len(names):] + names[: round_ % len(names)]
+                    tokens = {name: [f"{name}-c{c}-{round_}-{i}" for i in range(n)] for name in order}
+                    for name in PROXIES:
+                        gateway.open(name, tokens[name])
+                        expected += CALLS * n
+                    rounds.append(asyncio.run(measure(
+                        {name: targets[name] + "/v1/chat/completions" for name in order}, tokens, c,
+                        {name: {"engine_cpu_ms": engine.proc.pid,
+                                **({"cpu_ms": pids[name]} if name in pids else {})}
+                         for name in order})))
                 results[f"c{c}"] = figures(rounds)
                 print(f"c={c}: {json.dumps(results[f'c{c}'])}", file=sys.stderr, flush=True)
             gateway.wait_records(expected)
