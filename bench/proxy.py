@@ -6,15 +6,15 @@ tool calls and ships a CallRecord per call to a stand-in gateway), through a sec
 passthrough mode, and through sglang-router (`python -m sglang_router.launch_router`, cache_aware
 policy, forwarding the same chat route). At each concurrency C, a round runs max(C, 64) sessions per
 target, C at a time, each a two-call calculator conversation (a tool call, then the answer with the
-history re-sent). At C=1 the targets take turns session by session within the round (the host's
-state drifts within a fraction of a second, by more than a target adds, so only turns this short
-compare like with like); at C>1 each target runs its sessions alone. Each round starts with the next
-target in turn (so none always runs first or last). Each figure is the median over rounds of that
-round's per-call latency percentile or calls/s; "added" figures are a target's percentile minus the
-direct one in the same round. `*_cpu_ms` is the time the threads of the proxy or router process ran
-on a CPU per call, and `*_engine_cpu_ms` the engine's, while the target ran (so the whole cost of a
-call on each path is their sum). Run it on a quiet machine: every process shares its CPUs. Last
-line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
+history re-sent). At C=1 the targets take turns session by session within the round, in a fresh
+order each time (the host's state drifts within a fraction of a second, by more than a target adds,
+so only turns this short compare like with like); at C>1 each target runs its sessions alone. Each
+round starts with the next target in turn (so none always runs first or last). Each figure is the
+median over rounds of that round's per-call latency percentile or calls/s; "added" figures are a
+target's percentile minus the direct one in the same round. `*_cpu_ms` is the time the threads of
+the proxy or router process ran on a CPU per call, and `*_engine_cpu_ms` the engine's, while the
+target ran (so the whole cost of a call on each path is their sum). Run it on a quiet machine: every
+process shares its CPUs. Last line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
 
     uv run python bench/proxy.py [--concurrency 1 64 256] [--rounds 15]
 """
@@ -26,6 +26,7 @@ import asyncio
 import json
 import multiprocessing
 import queue
+import random
 import socket
 import statistics
 import subprocess
@@ -162,16 +163,19 @@ async def session(http: aiohttp.ClientSession, url: str, token: str, latencies: 
 async def measure(targets: dict[str, str], tokens: dict[str, list[str]], c: int,
                   pids: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
     """One round: each target's sessions (one per token after the first, which warms the connection
-    and the caches), `c` at a time. At c=1 the targets take turns session by session, so that what
-    the host does meanwhile hits them alike; at c>1 each target runs its sessions alone (together
-    they would share the engine). Per target: latency percentiles, calls/s while it ran, and for each
-    figure name: pid in `pids[target]`, that process's CPU time per call (ms)."""
+    and the caches), `c` at a time. At c=1 the targets take turns session by session, in an order
+    drawn afresh for each session, so that what the host does meanwhile hits them alike; at c>1
+    each target runs its sessions alone (together they would share the engine). Per target:
+    latency percentiles, calls/s while it ran, and for each figure name: pid in `pids[target]`,
+    that process's CPU time per call (ms)."""
     latencies: dict[str, list[float]] = {name: [] for name in targets}
     wall = dict.fromkeys(targets, 0.0)
     cpu = {name: dict.fromkeys(pids[name], 0.0) for name in targets}  # figure name: CPU seconds
     n = len(next(iter(tokens.values())))
     if c == 1:
-        stints = [(name, [tokens[name][i]]) for i in range(1, n) for name in targets]
+        turns = random.Random(n)  # a fresh order for each session, so no target always follows another
+        stints = [(name, [tokens[name][i]]) for i in range(1, n)
+                  for name in turns.sample(list(targets), len(targets))]
     else:
         stints = [(name, tokens[name][1:]) for name in targets]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
