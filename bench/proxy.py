@@ -275,7 +275,7 @@ def main() -> None:
         engine, engine_url = start("engine", ["engine", "--kind", "scripted", "--port", "0"], tmp)
         gateway = Gateway(f"ipc://{tmp}/gw.ipc")
         children, targets = [engine], {"direct": engine_url}
-        pids = {}  # target name: its process (none for direct)
+        watched = {"direct": {"engine_cpu_ms": engine.proc.pid}}  # target: {figure: process}
         router = None
         try:
             for proxy_id, mode in PROXIES.items():
@@ -283,9 +283,9 @@ def main() -> None:
                     "proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", engine_url,
                     "--mode", mode, "--proxy-id", proxy_id], tmp)
                 children.append(child)
-                pids[proxy_id] = child.proc.pid
+                watched[proxy_id] = {"cpu_ms": child.proc.pid, "engine_cpu_ms": engine.proc.pid}
             router, targets["router"] = start_router(engine_url, tmp)
-            pids["router"] = router.pid
+            watched["router"] = {"cpu_ms": router.pid, "engine_cpu_ms": engine.proc.pid}
             results, expected = {}, 0
             for c in args.concurrency:
                 n = max(c, MIN_SESSIONS) + 1  # the first session warms up
@@ -299,9 +299,7 @@ def main() -> None:
                         expected += CALLS * n
                     rounds.append(asyncio.run(measure(
                         {name: targets[name] + "/v1/chat/completions" for name in order}, tokens, c,
-                        {name: {"engine_cpu_ms": engine.proc.pid,
-                                **({"cpu_ms": pids[name]} if name in pids else {})}
-                         for name in order})))
+                        watched)))
                 results[f"c{c}"] = figures(rounds)
                 print(f"c={c}: {json.dumps(results[f'c{c}'])}", file=sys.stderr, flush=True)
             gateway.wait_records(expected)

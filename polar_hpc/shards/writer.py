@@ -1,15 +1,15 @@
 """One writer's append-only shards: `ShardWriter(shards_dir, writer_id, max_bytes, max_age_s)`.
 
-Records go to a hidden temp file `.<name>.tmp` in `shards_dir`, each handed to the OS whole as it
-is appended, with `os.writev` of its buffers (a failed append is cut back off). A shard is sealed
-when it reaches `max_bytes` (checked on append) or `max_age_s` after it was opened (checked on
-append and by `maybe_roll()`, which the owner should call periodically), and by `close()`.
-Sealing happens on a background thread, in order, so the caller (the gateway's event loop) never
-waits on the filesystem: fsync the temp file, rename it to `<name>` = `<writer_id>-<seq:06d>.shard`,
-fsync the directory, then append the shard to the writer's index (polar_hpc.shards.index). Readers, which skip hidden files, only
-ever see whole shards. Every `sync_bytes` appended, the open shard is also fdatasynced in the
-background, so sealing a large shard has little left to flush. `wait()` blocks until every shard
-handed over is sealed; a background failure is raised by the next `append`, `wait` or `close`.
+Records go to a hidden temp file `.<name>.tmp` in `shards_dir`, each handed to the OS whole as it is
+appended, with `os.writev` of its buffers (a failed append is cut back off). A shard is sealed when
+it reaches `max_bytes` (checked on append) or `max_age_s` after it was opened (checked on append and
+by `maybe_roll()`, which the owner should call periodically), and by `close()`. Sealing happens on a
+background thread, in order, so the caller (the gateway's event loop) never waits on the filesystem:
+fsync the temp file, rename it to `<name>` = `<writer_id>-<seq:06d>.shard`, fsync the directory,
+then append the shard to the writer's index (polar_hpc.shards.index). Readers, which skip hidden
+files, only ever see whole shards. Every `sync_bytes` appended, the open shard is also fdatasynced
+in the background, so sealing a large shard has little left to flush. `wait()` blocks until every
+shard handed over is sealed; a background failure is raised by the next `append`, `wait` or `close`.
 
 A writer picks up after the highest seq already used by its `writer_id`; temp shards a killed
 writer of the same id left behind are first cut back to their last intact record and sealed (or
