@@ -220,7 +220,7 @@ class Follower:
             self.stats["strays"] += 1
             return
         self.accepted.add(held.key)
-        for other in self.undecided:  # other copies in the same shard, read before the journal decided
+        for other in self.undecided:  # other held copies of the key: never handed out after this one
             if other.key == held.key:
                 other.dropped = True
                 self.stats["strays"] += 1
