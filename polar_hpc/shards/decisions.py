@@ -1,13 +1,17 @@
-"""The orchestrator's journal as shard readers see it: which session counts for each key.
+"""The orchestrator's journal as shard readers see it: which record counts for each key.
 
 `Decisions(run_dir)` reads `<run>/journal/orchestrator.jsonl` incrementally (`update()` reads the
-whole lines appended since the last call) and keeps, per (task_id, sample_index) key:
+whole lines appended since the last call; a last line without its newline is still being written)
+and keeps, per (task_id, sample_index) key:
 - `queued` events: the keys of the run, hence each task's number of samples;
-- `result` events (at most one per key): the accepted session and the shard it was appended to;
-- `requeued` events: the session they replace (`previous`) can never be accepted.
+- the first `result` event of a queued key: the accepted session and the shard its record is in
+  (`""`: it has none). Later results of the key, and results of keys never queued, are ignored and
+  named in `problems` (`FILE:LINE: what`) for the caller to report;
+- `requeued` events: the session they replace (`previous`), which one-shot readers skip.
+A line that is not an event (cut short by a crash, or missing a field) is skipped with a warning.
 
-`verdict(traj)` is `ACCEPT` (the record of the accepted session), `STRAY` (another session of an
-accepted key, or a requeued session) or `UNDECIDED` (the journal has not decided yet).
+`verdict(traj, shard)` is final: `ACCEPT` for the accepted session's record in the shard its result
+names, `STRAY` for any other record of a decided key, `UNDECIDED` while the key has no result.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
+from polar_hpc.shards.index import parse_name
 from polar_hpc.trajectory.model import Trajectory
 
 log = logging.getLogger(__name__)
@@ -33,11 +38,14 @@ class Decisions:
     def __init__(self, run_dir: Path) -> None:
         self.path = journal_path(run_dir)
         self.offset = 0
+        self.lines = 0  # whole lines read
         self.head = ""  # the journal's first line: tells runs apart
         self.queued: set[Key] = set()
         self.samples: Counter[str] = Counter()
         self.accepted: dict[Key, tuple[str, str]] = {}  # key -> (session, shard)
+        self.named: dict[str, int] = {}  # writer -> highest seq of a shard an accepted result names
         self.dead: set[str] = set()
+        self.problems: list[str] = []
 
     def exists(self) -> bool:
         return self.path.is_file()
@@ -52,33 +60,48 @@ class Decisions:
             return False
         end = data.rfind(b"\n") + 1  # a last line without newline is still being written
         for line in data[:end].split(b"\n")[:-1]:
+            self.lines += 1
             if not self.offset:
                 self.head = line.decode(errors="replace")
             try:
                 self._apply(json.loads(line))
-            except (ValueError, KeyError, TypeError) as e:
-                log.warning("%s: skipping a bad line at byte %d: %s", self.path, self.offset, e)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                log.warning("%s:%d: skipping a line that is not a journal event (%s)", self.path, self.lines, e)
             self.offset += len(line) + 1
         return end > 0
 
-    def verdict(self, traj: Trajectory) -> str:
+    def verdict(self, traj: Trajectory, shard: str) -> str:
+        """What the journal says of `traj`'s record in the shard named `shard`."""
         found = self.accepted.get((traj.task_id, traj.sample_index))
-        if found is not None:
-            return ACCEPT if found[0] == traj.session_id else STRAY
-        return STRAY if traj.session_id in self.dead else UNDECIDED
+        if found is None:
+            return UNDECIDED
+        return ACCEPT if found == (traj.session_id, shard) else STRAY
 
     def complete(self) -> bool:
         """Every queued key has its result."""
-        return bool(self.queued) and self.queued.issubset(self.accepted)
+        return bool(self.queued) and len(self.accepted) == len(self.queued)
 
     def _apply(self, event: dict) -> None:
         kind = event.get("event")
         if kind == "queued":
-            key = (event["task"], int(event["sample"]))
+            key = (str(event["task"]), int(event["sample"]))
             if key not in self.queued:
                 self.queued.add(key)
                 self.samples[key[0]] += 1
         elif kind == "result":
-            self.accepted.setdefault((event["task"], int(event["sample"])), (event["session"], event["shard"]))
+            key, found = (str(event["task"]), int(event["sample"])), (str(event["session"]), str(event["shard"] or ""))
+            where = f"{self.path}:{self.lines}: task {key[0]!r} sample {key[1]}"
+            if key not in self.queued:
+                self.problems.append(f"{where}: a result (session {found[0]}) for a key never queued: ignored")
+            elif key in self.accepted:
+                if self.accepted[key] != found:
+                    self.problems.append(f"{where}: a second result (session {found[0]}, shard {found[1] or 'none'}) "
+                                         f"ignored: the first (session {self.accepted[key][0]}) counts")
+            else:
+                self.accepted[key] = found
+                writer, seq = parse_name(found[1])
+                if writer is not None:
+                    self.named[writer] = max(self.named.get(writer, 0), seq)
         elif kind == "requeued":
-            self.dead.add(event["previous"])
+            self.dead.add(str(event["previous"]))
+

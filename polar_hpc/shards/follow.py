@@ -4,19 +4,25 @@
 `group_by_task=True`). Each poll it reads the journal's new lines (polar_hpc.shards.decisions),
 lists `<shards>/index/` (one small file per writer) and reads each index's new entries, then the
 new records of the shards they name, in each writer's seal order. Each record is
-- accepted (its session is the journal's result for its key): handed out, if it passes `filter`;
-- a stray (another session of the key, or a requeued one): skipped;
+- accepted (the first copy of the session the journal's result names, in the shard it names):
+  handed out, if it passes `filter`;
+- a stray (any other record of a decided key): skipped;
 - undecided (the journal is behind the shard): held, and decided again after each journal read.
+A sealed shard the journal names but the writer's index lacks (lost, or a garbage line in its
+place) is read all the same, once it has been seen unindexed for `index_grace_s` (a writer indexes
+a shard right after sealing it), or at once when a later entry of the index shows the gap.
 
-The cursor (JSON, replaced atomically) holds, per writer, the index offset and record offset
-reached, plus every record read but not handed out yet (undecided, or waiting for the rest of its
-task's group), by shard and offset. `commit()` saves it; with `autocommit` (the default) it is
-saved each time the consumer asks for the next item, so what was handed out before is done: a
-restarted follower with the same cursor file neither hands anything out again nor skips anything.
+The cursor (JSON, replaced atomically) holds, per writer, the index offset, the last shard read to
+its end and the record offset reached in the next, plus every record read but not handed out yet
+(undecided, or waiting for the rest of its task's group), by shard and offset. `commit()` saves
+it; with `autocommit` (the default) it is saved each time the consumer asks for the next item, so
+what was handed out before is done: a restarted follower with the same cursor file neither hands
+anything out again nor skips anything.
 
-Iteration ends when the run is complete (every queued key has its result and every accepted
-record's shard has been read), after `idle_timeout_s` without anything new, or never.
-Until the journal exists (a follower may start before the job), nothing is read.
+Iteration ends when the run is complete (every queued key has its result, no record of a queued
+key is held, and every shard an accepted result names has been read), after `idle_timeout_s`
+without anything new, or never. Records of keys the journal never queued stay undecided and do not
+hold up the end. Until the journal exists (a follower may start before the job), nothing is read.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from typing import Any
 from polar_hpc.config import ConfigError
 from polar_hpc.shards import index
 from polar_hpc.shards.batch import Filter
-from polar_hpc.shards.decisions import ACCEPT, STRAY, UNDECIDED, Decisions
+from polar_hpc.shards.decisions import ACCEPT, UNDECIDED, Decisions, Key
 from polar_hpc.shards.reader import read_shard
+from polar_hpc.shards.writer import shard_name
 from polar_hpc.trajectory.model import Trajectory
 
 log = logging.getLogger(__name__)
@@ -42,17 +49,23 @@ log = logging.getLogger(__name__)
 CURSOR_FORMAT = 1
 
 
-@dataclass
+@dataclass(eq=False)
 class _Held:
     ref: dict[str, Any]  # {"shard", "offset"}
     traj: Trajectory
+    dropped: bool = False  # another copy of its key was accepted
+
+    @property
+    def key(self) -> Key:
+        return self.traj.task_id, self.traj.sample_index
 
 
 @dataclass
 class _Position:
     index: int = 0  # byte offset of the next index entry to read
-    offset: int = 0  # byte offset of the next record in the shard of that entry (0: not started)
     seq: int = 0  # the last shard read to its end
+    shard: str = ""  # the shard being read: the writer's first sealed one after `seq` ("": none)
+    offset: int = 0  # byte offset of the next record in `shard` (0: not started)
 
 
 @dataclass
@@ -64,6 +77,7 @@ class Follower:
     poll_s: float = 1.0
     idle_timeout_s: float | None = None
     autocommit: bool = True
+    index_grace_s: float = 2.0
 
     def __post_init__(self) -> None:
         self.run_dir = Path(self.run_dir)
@@ -73,8 +87,11 @@ class Follower:
         self.undecided: list[_Held] = []
         self.groups: dict[str, list[_Held]] = {}
         self.decided: dict[str, int] = {}  # per task with an open group: samples decided so far
+        self.accepted: set[Key] = set()  # keys whose accepted record was read (handed out, filtered or grouped)
+        self.unindexed: dict[str, float] = {}  # sealed shard the journal names -> when first seen unindexed
         self.stats = {"handed_out": 0, "strays": 0, "filtered": 0, "problems": 0}
         self._waiting_logged = False
+        self._journal_problems = 0  # how many of the journal's problems were reported
         self._committed = ""
         if self.cursor is not None and Path(self.cursor).exists():
             self._load(Path(self.cursor))
@@ -104,13 +121,11 @@ class Follower:
 
     def complete(self) -> bool:
         """The journal has every key's result, and every accepted record was read and handed out."""
-        if not self.decisions.complete() or self.undecided or self.groups:
+        if not self.decisions.complete() or self.groups:
             return False
-        for _, shard in self.decisions.accepted.values():
-            writer, seq = _parse_name(shard or "")
-            if writer is not None and self.writers.get(writer, _Position()).seq < seq:
-                return False
-        return True
+        if any(h.key in self.decisions.queued for h in self.undecided):
+            return False
+        return all(self.writers.get(w, _Position()).seq >= seq for w, seq in self.decisions.named.items())
 
     def state(self) -> dict[str, Any]:
         """The cursor as a JSON-able dict (what `commit` writes)."""
@@ -148,36 +163,74 @@ class Follower:
                 self._waiting_logged = True
             return
         self.decisions.update()
+        self._report(self.decisions.problems[self._journal_problems :])
+        self._journal_problems = len(self.decisions.problems)
         for held in list(self.undecided):
-            verdict = self.decisions.verdict(held.traj)
-            if verdict != UNDECIDED:
+            if not held.dropped and self.decisions.verdict(held.traj, held.ref["shard"]) != UNDECIDED:
                 self.undecided.remove(held)  # before handing it out: a commit then covers it
-            if verdict == ACCEPT:
-                yield from self._accepted(held)
-            elif verdict == STRAY:
-                self.stats["strays"] += 1
-        for writer in index.writer_ids(self.shards):
+                yield from self._decide(held)
+        for writer in sorted(set(index.writer_ids(self.shards)) | set(self.decisions.named)):
             yield from self._read_writer(writer)
 
     def _read_writer(self, writer: str) -> Iterator[Trajectory | list[Trajectory]]:
+        """The writer's new index entries, then the shards the journal names that its index lacks."""
         pos = self.writers.setdefault(writer, _Position())
-        for next_index, entry in index.read_entries(index.index_path(self.shards, writer), pos.index):
-            shard = self.shards / entry["shard"]
-            problems: list[str] = []
-            for offset, end, traj in read_shard(shard, problems, pos.offset):
-                pos.offset = end
-                held = _Held({"shard": entry["shard"], "offset": offset}, traj)
-                verdict = self.decisions.verdict(traj)
-                if verdict == ACCEPT:
-                    yield from self._accepted(held)
-                elif verdict == STRAY:
-                    self.stats["strays"] += 1
-                else:
-                    self.undecided.append(held)
-            for problem in problems:
-                log.warning("%s", problem)
-            self.stats["problems"] += len(problems)
-            pos.index, pos.offset, pos.seq = next_index, 0, entry["seq"]
+        problems: list[str] = []
+        entries = index.read_entries(index.index_path(self.shards, writer), pos.index, problems)
+        self._report(problems)
+        for next_index, entry in entries:
+            if entry["seq"] > pos.seq:  # else a repeated entry
+                yield from self._unindexed(writer, entry["seq"] - 1, wait=False)
+                yield from self._read_shard(writer, entry["seq"], entry["shard"])
+            pos.index = next_index
+        yield from self._unindexed(writer, self.decisions.named.get(writer, 0), wait=True)
+
+    def _unindexed(self, writer: str, upto: int, wait: bool) -> Iterator[Trajectory | list[Trajectory]]:
+        """Read the writer's sealed shards after the last one read, up to seq `upto`; with `wait`,
+        only once each has been seen unindexed for `index_grace_s`."""
+        for seq in range(self.writers[writer].seq + 1, upto + 1):
+            name = shard_name(writer, seq)
+            if not (self.shards / name).is_file():
+                continue  # not sealed yet, or a seq its writer never sealed
+            if wait and time.monotonic() - self.unindexed.setdefault(name, time.monotonic()) < self.index_grace_s:
+                return
+            self._report([f"{self.shards / name}: sealed but not in {index.index_path(self.shards, writer)}: "
+                          "read all the same"])
+            yield from self._read_shard(writer, seq, name)
+
+    def _read_shard(self, writer: str, seq: int, name: str) -> Iterator[Trajectory | list[Trajectory]]:
+        pos = self.writers[writer]
+        start = pos.offset if pos.shard in (name, "") else 0
+        pos.shard = name
+        problems: list[str] = []
+        for offset, end, traj in read_shard(self.shards / name, problems, start):
+            pos.offset = end
+            held = _Held({"shard": name, "offset": offset}, traj)
+            if self.decisions.verdict(traj, name) == UNDECIDED:
+                self.undecided.append(held)
+            else:
+                yield from self._decide(held)
+        self._report(problems)
+        pos.seq, pos.shard, pos.offset = seq, "", 0
+        self.unindexed.pop(name, None)
+
+    def _decide(self, held: _Held) -> Iterator[Trajectory | list[Trajectory]]:
+        """Hand out a decided record if it is the accepted copy, else count it as a stray."""
+        if self.decisions.verdict(held.traj, held.ref["shard"]) != ACCEPT or held.key in self.accepted:
+            self.stats["strays"] += 1
+            return
+        self.accepted.add(held.key)
+        for other in self.undecided:  # other held copies of the key: never handed out after this one
+            if other.key == held.key:
+                other.dropped = True
+                self.stats["strays"] += 1
+        self.undecided = [h for h in self.undecided if not h.dropped]
+        yield from self._accepted(held)
+
+    def _report(self, problems: list[str]) -> None:
+        for problem in problems:
+            log.warning("%s", problem)
+        self.stats["problems"] += len(problems)
 
     def _accepted(self, held: _Held) -> Iterator[Trajectory | list[Trajectory]]:
         passes = self.filter.passes(held.traj)
@@ -192,7 +245,7 @@ class Follower:
         if passes:
             group.append(held)
         self.decided[task] = self.decided.get(task, 0) + 1
-        if self.decided[task] >= max(self.decisions.samples[task], 1):
+        if self.decided[task] >= self.decisions.samples[task]:
             del self.groups[task], self.decided[task]
             if group:
                 yield sorted((h.traj for h in group), key=lambda t: t.sample_index)
@@ -220,6 +273,14 @@ class Follower:
         for task, (decided, refs) in groups.items():
             self.decided[task] = decided
             self.groups[task] = _reread(self.shards, refs)
+        held = set(undecided)
+        for pos in self.writers.values():  # the keys accepted from the part of a shard read before
+            if pos.shard and pos.offset:
+                for offset, _, traj in read_shard(self.shards / pos.shard, [], 0):
+                    if offset >= pos.offset:
+                        break
+                    if (pos.shard, offset) not in held and self.decisions.verdict(traj, pos.shard) == ACCEPT:
+                        self.accepted.add((traj.task_id, traj.sample_index))
         self._committed = json.dumps(self.state())
 
 
@@ -228,15 +289,9 @@ def _reread(shards: Path, refs: list[tuple[str, int]]) -> list[_Held]:
     out = []
     for shard, offset in refs:
         problems: list[str] = []
-        for _, _, traj in read_shard(shards / shard, problems, offset):
-            out.append(_Held({"shard": shard, "offset": offset}, traj))
-            break
+        first = next(read_shard(shards / shard, problems, offset), None)
+        if first is not None and first[0] == offset:  # not a later record, where this one no longer decodes
+            out.append(_Held({"shard": shard, "offset": offset}, first[2]))
         else:
             log.warning("held record lost: %s", problems[0] if problems else f"{shard}: nothing at {offset}")
     return out
-
-
-def _parse_name(shard: str) -> tuple[str | None, int]:
-    """(writer, seq) of `<writer>-<seq>.shard`; (None, 0) for anything else."""
-    stem, _, seq = shard.removesuffix(".shard").rpartition("-")
-    return (stem, int(seq)) if stem and seq.isdigit() else (None, 0)

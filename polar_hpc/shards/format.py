@@ -14,7 +14,8 @@ a single memcpy per array, and CRC and write then read memory that is in cache (
 `read_frames` yields (offset, payload) for each intact record and raises `FormatError(offset,
 reason)` at the first bad magic, truncated or checksum-failing record; payload decoding errors
 surface as `FormatError` from `decode_header` / `decode_trajectory` with offset -1 (the caller
-knows where the payload came from).
+knows where the payload came from). Decoding checks every field's type and ignores keys it does
+not know (a later minor revision may add some), in the header, a trajectory and a trace alike.
 """
 
 from __future__ import annotations
@@ -61,9 +62,17 @@ def _packed_bytes(obj: Any) -> memoryview:
     raise TypeError(f"cannot encode {type(obj).__name__} in a shard record")
 
 
+def _record_struct(name: str, model: type, replace: dict[str, Any]) -> type:
+    """A struct with `model`'s fields, in order, some retyped: what decoding checks a record against."""
+    return msgspec.defstruct(name, [(f.name, replace.get(f.name, f.type)) for f in msgspec.structs.fields(model)])
+
+
+_TraceRecord = _record_struct("_TraceRecord", Trace, dict.fromkeys(PACKED, bytes))
+_TrajectoryRecord = _record_struct("_TrajectoryRecord", Trajectory, {"traces": list[_TraceRecord]})
+
 _encoder = msgspec.msgpack.Encoder(enc_hook=_packed_bytes)
 _header_decoder = msgspec.msgpack.Decoder(Header)
-_payload_decoder = msgspec.msgpack.Decoder()
+_record_decoder = msgspec.msgpack.Decoder(_TrajectoryRecord)
 
 
 def frame(payload: bytes) -> tuple[bytes, bytes]:
@@ -93,11 +102,16 @@ def encode_record(traj: Trajectory) -> tuple[bytes, bytes]:
 
 def decode_trajectory(payload: bytes) -> Trajectory:
     try:
-        record = _payload_decoder.decode(payload)
-        record["traces"] = [Trace(**(t | {k: _unpack(c, t[k]) for k, c in PACKED.items()})) for t in record["traces"]]
-        return Trajectory(**record)
-    except (msgspec.DecodeError, ValueError, TypeError, KeyError) as e:
-        raise FormatError(-1, f"bad trajectory record: {e!r}") from None
+        record = _record_decoder.decode(payload)
+        traces = [_trace(t) for t in record.traces]
+        return Trajectory(*(traces if name == "traces" else getattr(record, name) for name in record.__struct_fields__))
+    except (msgspec.DecodeError, ValueError) as e:
+        raise FormatError(-1, f"bad trajectory record: {e}") from None
+
+
+def _trace(record: Any) -> Trace:
+    fields = zip(record.__struct_fields__, msgspec.structs.astuple(record))
+    return Trace(*(_unpack(PACKED[name], value) if name in PACKED else value for name, value in fields))
 
 
 def read_frames(f: BinaryIO, start: int = 0) -> Iterator[tuple[int, bytes]]:

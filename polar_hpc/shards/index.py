@@ -4,7 +4,10 @@ A writer appends `{"seq", "shard", "records", "bytes", "t"}` after the shard is 
 and the directory fsynced, so every entry names a file that exists; entries come in seq order.
 Followers read only the new bytes of each index (the `index/` folder holds one small file per
 writer) instead of listing `<shards>/`, which may hold thousands of files. A line without its
-trailing newline is still being written and is not an entry yet.
+trailing newline is still being written and is not an entry yet. A whole line that is not an entry
+(not JSON, `seq` not a positive int, `shard` not `<writer_id>-<seq>.shard` of this index's writer)
+is skipped and named, `FILE:LINE: what`, in the caller's `problems`; `check` compares the indexes
+with the sealed shards a listing found.
 """
 
 from __future__ import annotations
@@ -19,6 +22,13 @@ INDEX_DIR = "index"
 
 def index_path(shards_dir: Path, writer_id: str) -> Path:
     return Path(shards_dir) / INDEX_DIR / f"{writer_id}.jsonl"
+
+
+def parse_name(shard: str) -> tuple[str | None, int]:
+    """(writer, seq) of a shard named `<writer>-<seq>.shard`; (None, 0) for any other name."""
+    stem, _, seq = shard.removesuffix(".shard").rpartition("-")
+    ok = shard.endswith(".shard") and stem and "/" not in stem and not stem.startswith(".") and seq.isdigit()
+    return (stem, int(seq)) if ok else (None, 0)
 
 
 def writer_ids(shards_dir: Path) -> list[str]:
@@ -40,21 +50,47 @@ def append_entry(path: Path, entry: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def read_entries(path: Path, offset: int = 0) -> list[tuple[int, dict[str, Any]]]:
-    """(offset just past the line, entry) for each whole line from byte `offset` on."""
+def read_entries(path: Path, offset: int = 0, problems: list[str] | None = None) -> list[tuple[int, dict[str, Any]]]:
+    """(offset just past the line, entry) for each whole line from byte `offset` on that is an
+    entry; each other whole line is skipped and named in `problems`."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
             data = f.read()
     except FileNotFoundError:
         return []
+    writer = Path(path).name.removesuffix(".jsonl")
     out = []
     for line in data.splitlines(keepends=True):
         if not line.endswith(b"\n"):
             break
+        why = _not_an_entry(line, writer)
+        if why is None:
+            out.append((offset + len(line), json.loads(line)))
+        elif problems is not None:
+            problems.append(f"{path}:{_line_number(path, offset)}: not an index entry ({why}): skipped")
         offset += len(line)
-        out.append((offset, json.loads(line)))
     return out
+
+
+def check(shards_dir: Path, sealed: list[Path]) -> list[str]:
+    """What the indexes get wrong about the `sealed` shards of `shards_dir`: lines that are not
+    entries, entries naming no sealed shard, sealed shards no index lists."""
+    problems: list[str] = []
+    listed = set()
+    for writer in writer_ids(shards_dir):
+        path = index_path(shards_dir, writer)
+        for _, entry in read_entries(path, 0, problems):
+            listed.add(entry["shard"])
+            if not (Path(shards_dir) / entry["shard"]).is_file():
+                problems.append(f"{path}: the entry for {entry['shard']} names no sealed shard")
+    for shard in sealed:
+        if shard.name not in listed:
+            writer = parse_name(shard.name)[0]
+            problems.append(f"{shard}: sealed but not in {index_path(shards_dir, writer)} (a follower reads it only "
+                            "once the journal names it)" if writer else
+                            f"{shard}: not named <writer>-<seq>.shard: in no index, and no follower reads it")
+    return problems
 
 
 def cut_torn_tail(path: Path) -> None:
@@ -66,3 +102,25 @@ def cut_torn_tail(path: Path) -> None:
     if data and not data.endswith(b"\n"):
         with open(path, "r+b") as f:
             f.truncate(data.rfind(b"\n") + 1)
+
+
+def _not_an_entry(line: bytes, writer: str) -> str | None:
+    """Why `line` is not an entry of `writer`'s index; None when it is one."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return "not JSON"
+    if not isinstance(entry, dict):
+        return "not a JSON object"
+    seq, shard = entry.get("seq"), entry.get("shard")
+    if type(seq) is not int or seq < 1:
+        return f"seq {seq!r} is not a positive integer"
+    if not isinstance(shard, str) or parse_name(shard) != (writer, seq):
+        return f"shard {shard!r} is not {writer}-<seq {seq}>.shard"
+    return None
+
+
+def _line_number(path: Path, offset: int) -> int:
+    """The 1-based number of the line that starts at byte `offset` of `path`."""
+    with open(path, "rb") as f:
+        return f.read(offset).count(b"\n") + 1

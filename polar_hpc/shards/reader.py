@@ -3,15 +3,18 @@
 `path` arguments accept a run dir (shards in `<run>/shards/`), a shards dir, or one shard file.
 Only sealed shards are read (`*.shard`, hidden temp files skipped; the folder is listed once per
 call), in name order: by writer, then in the order each writer sealed them. A record that fails
-its length or checksum, or does not decode, ends its file: the intact records before it are
-yielded, the rest of the file is skipped with a logged warning counting the bytes, and nothing
-partial is ever yielded.
+its length or checksum ends its file (the rest cannot be framed): the intact records before it
+are yielded, the rest of the file is skipped with a logged warning counting the bytes. A framed
+record whose content is not a trajectory (a checksum does not vouch for the writer) is skipped
+alone, with a warning naming it. Nothing partial is ever yielded; unknown keys are ignored.
 
 With `unique=True` (the default) each (task_id, sample_index) is yielded once. When the run has
-its journal, the journal decides (polar_hpc.shards.decisions): the accepted session's record is
-yielded, strays are skipped, and a key the journal has not decided yet yields its first copy.
-Without a journal the first copy of each key in read order wins. `unique=False` yields every
-intact record, strays included.
+its journal, the journal decides (polar_hpc.shards.decisions): the accepted session's first
+record in the shard its result names is yielded, every other record of a decided key is skipped,
+and a key the journal has not decided yet yields its first copy, unless its session was requeued
+or the journal is complete (then the key was never queued: not part of the run). Without a
+journal the first copy of each key in read order wins. `unique=False` yields every intact record,
+strays included. `verify` also checks the writers' indexes against the sealed shards.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from polar_hpc.shards.decisions import STRAY, Decisions
+from polar_hpc.shards import index
+from polar_hpc.shards.decisions import UNDECIDED, STRAY, Decisions
 from polar_hpc.shards.format import FRAME, FormatError, decode_header, decode_trajectory, read_frames
 from polar_hpc.trajectory.model import Trajectory
 
@@ -37,9 +41,13 @@ def shard_files(path: Path) -> list[Path]:
         raise FileNotFoundError(f"{path}: no such run, shards dir or shard")
     if path.is_file():
         return [path]
-    folder = path / "shards" if (path / "shards").is_dir() else path
+    folder = _shards_dir(path)
     sealed = (p for p in folder.iterdir() if p.name.endswith(".shard") and not p.name.startswith("."))
     return sorted(p for p in sealed if p.is_file())
+
+
+def _shards_dir(path: Path) -> Path:
+    return path / "shards" if (path / "shards").is_dir() else path
 
 
 def run_root(path: Path) -> Path:
@@ -56,12 +64,23 @@ def iter_trajectories(path: Path, unique: bool = True) -> Iterator[Trajectory]:
 
 
 def verify(path: Path) -> list[str]:
-    """Every problem found, as `FILE: byte offset N: what (M bytes skipped)`; [] when all is well."""
+    """Every problem found, as `FILE: byte offset N: what (M bytes skipped)` for records and
+    `FILE:LINE: what` or `FILE: what` for the indexes of a shards dir; [] when all is well."""
     problems: list[str] = []
-    for shard in shard_files(path):
-        for _ in read_shard(shard, problems):
-            pass
+    for _ in records(path, problems):
+        pass
     return problems
+
+
+def records(path: Path, problems: list[str]) -> Iterator[tuple[Path, int, Trajectory]]:
+    """(shard, byte offset, trajectory) of every intact record, strays included; what `verify`
+    finds goes to `problems` (the indexes' problems once the shards are read)."""
+    files = shard_files(path)
+    for shard in files:
+        for offset, _, traj in read_shard(shard, problems):
+            yield shard, offset, traj
+    if not Path(path).is_file():
+        problems += index.check(_shards_dir(Path(path)), files)
 
 
 def rows(path: Path) -> Iterator[dict[str, Any]]:
@@ -112,6 +131,16 @@ class _Scan:
         self.duplicates = 0
         self.decisions = Decisions(run_root(path))
         self.decisions.update()
+        self.finished = self.decisions.complete()
+        for problem in self.decisions.problems:
+            log.warning("%s", problem)
+
+    def counts(self, traj: Trajectory, shard: Path) -> bool:
+        """Whether the journal lets this record count (before the first-copy rule)."""
+        verdict = self.decisions.verdict(traj, shard.name)
+        if verdict == UNDECIDED:
+            return not self.finished and traj.session_id not in self.decisions.dead
+        return verdict != STRAY
 
     def __iter__(self) -> Iterator[tuple[Path, Trajectory]]:
         seen: set[tuple[str, int]] = set()
@@ -119,7 +148,7 @@ class _Scan:
             found: list[str] = []
             for _, _, traj in read_shard(shard, found):
                 key = (traj.task_id, traj.sample_index)
-                if self.unique and (key in seen or self.decisions.verdict(traj) == STRAY):
+                if self.unique and (key in seen or not self.counts(traj, shard)):
                     self.duplicates += 1
                     log.info("%s: skipping session %s, not the one that counts for task %r sample %d",
                              shard, traj.session_id, *key)
@@ -132,8 +161,9 @@ class _Scan:
 
 
 def read_shard(shard: Path, problems: list[str], start: int = 0) -> Iterator[tuple[int, int, Trajectory]]:
-    """(offset, end offset, trajectory) of each intact record of one shard, from the record at
-    `start` (0: the beginning); the problem that ended it, if any, goes to `problems`."""
+    """(offset, end offset, trajectory) of each intact trajectory record of one shard, from the
+    record at `start` (0: the beginning). A record that does not decode is skipped alone; one that
+    cannot be framed, or a bad header, ends the file. Each goes to `problems`."""
     try:
         with open(shard, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -141,11 +171,17 @@ def read_shard(shard: Path, problems: list[str], start: int = 0) -> Iterator[tup
             try:
                 header_seen = start > 0
                 for offset, payload in read_frames(f, start):
-                    if header_seen:
-                        yield offset, offset + FRAME.size + len(payload), decode_trajectory(payload)
-                    else:
+                    end = offset + FRAME.size + len(payload)
+                    if not header_seen:
                         decode_header(payload)
                         header_seen = True
+                        continue
+                    try:
+                        traj = decode_trajectory(payload)
+                    except FormatError as e:
+                        problems.append(f"{shard}: byte offset {offset}: {e.reason} ({end - offset} bytes skipped)")
+                        continue
+                    yield offset, end, traj
                 if not header_seen:
                     raise FormatError(size, "no header record")
             except FormatError as e:

@@ -20,7 +20,7 @@ from polar_hpc.shards.batch import Filter
 from polar_hpc.shards.decisions import Decisions
 from polar_hpc.shards.export import export as export_rows
 from polar_hpc.shards.follow import Follower
-from polar_hpc.shards.reader import iter_trajectories, rows, shard_files, verify
+from polar_hpc.shards.reader import records, rows, shard_files
 
 COLUMNS = ("task_id", "sample_index", "status", "reward", "traces", "tokens")
 
@@ -90,21 +90,32 @@ def ls(run_dir: Path, json_lines: bool) -> None:
 
 
 def verify_run(run_dir: Path) -> int:
-    """Print every damaged shard and every journaled result no sealed shard holds; 0 if none."""
+    """Print every damaged shard, index problem and ignored journal line, every accepted result
+    whose record is not in the shard it names, and every record of a key never queued; 0 if none."""
     _check(run_dir)
-    problems = verify(run_dir)
+    problems: list[str] = []
+    where: dict[str, set[str]] = {}  # session -> the sealed shards holding a copy
+    found = []  # (shard, offset, key, session) of each record
+    for shard, offset, traj in records(run_dir, problems):
+        where.setdefault(traj.session_id, set()).add(shard.name)
+        found.append((shard, offset, (traj.task_id, traj.sample_index), traj.session_id))
     decisions = Decisions(run_dir)
-    decisions.update()
-    present = {t.session_id for t in iter_trajectories(run_dir, unique=False)}
+    decisions.update()  # after the shards: every key a record was read of was queued before
+    problems += decisions.problems
     for (task, sample), (session, shard) in sorted(decisions.accepted.items()):
-        if session not in present:
-            problems.append(f"task {task!r} sample {sample}: session {session}, accepted by the journal, is in "
-                            f"no sealed shard (expected in {shard}; still open if its writer is running)")
+        copies = where.get(session, set())
+        if shard and shard not in copies:
+            what = (f"in no sealed shard (expected in {shard}; still open if its writer is running)" if not copies else
+                    f"not in {shard}, the shard its result names (the copy in {', '.join(sorted(copies))} does not count)")
+            problems.append(f"task {task!r} sample {sample}: session {session}, accepted by the journal, is {what}")
+    if decisions.exists():
+        problems += [f"{shard}: byte offset {offset}: session {session} is of task {key[0]!r} sample {key[1]}, "
+                     "which the journal never queued" for shard, offset, key, session in found
+                     if key not in decisions.queued]
     for line in problems:
         print(line)
-    n = len(shard_files(run_dir))
-    print(f"{'FAILED' if problems else 'ok'}: {n} shards, {len(present)} records, {len(problems)} problems",
-          file=sys.stderr)
+    print(f"{'FAILED' if problems else 'ok'}: {len(shard_files(run_dir))} shards, {len(found)} records, "
+          f"{len(problems)} problems", file=sys.stderr)
     return 1 if problems else 0
 
 
@@ -133,5 +144,5 @@ def follow(run_dir: Path, cursor: Path | None, keep: Filter, json_lines: bool, i
         code, end = 130, "interrupted"
     s = follower.stats
     console.print(f"{end}: {s['handed_out']} trajectories, {s['strays']} strays skipped, "
-                  f"{s['filtered']} filtered out, {s['problems']} damaged shards", highlight=False)
+                  f"{s['filtered']} filtered out, {s['problems']} problems (warned about above)", highlight=False)
     return code

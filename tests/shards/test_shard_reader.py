@@ -59,6 +59,7 @@ def test_truncated_and_foreign_files(tmp_path, make_traj):
         f"but {len(data) - last - FRAME.size - 5} bytes left ({len(data) - 5 - last} bytes skipped)",
         f"{tmp_path / 'shards' / 'junk.shard'}: byte offset 0: not a polar shard (bad magic) "
         "(11 bytes skipped)",
+        f"{tmp_path / 'shards' / 'junk.shard'}: not named <writer>-<seq>.shard: in no index, and no follower reads it",
     ]
     assert [t.sample_index for t in iter_trajectories(tmp_path)] == [0]
 
@@ -71,8 +72,8 @@ def test_good_checksum_bad_payload_is_a_problem(tmp_path, make_traj):
         f.write(b"".join(frame(b"\x93\x01\x02\x03")))  # valid msgpack, not a trajectory
         f.write(record_bytes(make_traj("a", 1)))
     (problem,) = verify(shard)
-    assert problem.startswith(f"{shard}: byte offset {end}: bad trajectory record")
-    assert [t.sample_index for t in iter_trajectories(shard)] == [0]
+    assert problem == f"{shard}: byte offset {end}: bad trajectory record: Expected `object`, got `array` (12 bytes skipped)"
+    assert [t.sample_index for t in iter_trajectories(shard)] == [0, 1]  # the bad record alone is skipped
 
 
 def test_summarize_rows_and_duplicates(tmp_path, make_traj):

@@ -43,7 +43,7 @@ def test_verify_names_file_and_offset(tmp_path, make_traj):
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0x10
     shard.write_bytes(bytes(data))
-    journal(tmp_path, result(make_traj("z", 0), "gw9-000001.shard"))
+    journal(tmp_path, queued("z", 0), result(make_traj("z", 0), "gw9-000001.shard"))
     checked = polar("shards", "verify", tmp_path)
     assert checked.returncode == 1
     damaged, missing_a1, missing_z = checked.stdout.splitlines()
