@@ -235,16 +235,19 @@ def load_topology(path: Path | None) -> Topology:
     return _validate(Topology, data, path, lines)
 
 
-def load_tasks(path: Path) -> list[Task]:
-    """Tasks from a YAML file (one task, or a list) or a JSONL file (one task per line)."""
+def load_tasks(path: Path, files_checked: bool = False) -> list[Task]:
+    """Tasks from a YAML file (one task, or a list) or a JSONL file (one task per line).
+
+    `files_checked`: a run's own copy of tasks already loaded once (sandbox files resolved and
+    checked then), so sources are taken as they are."""
     if path.suffix == ".jsonl":
-        tasks = _load_jsonl(path)
+        tasks = _load_jsonl(path, files_checked)
     else:
         data, lines = _read_yaml(path)
         items = data if isinstance(data, list) else [data]
         tasks = _validate_all(
             [(item, lines, (i,) if isinstance(data, list) else ()) for i, item in enumerate(items)],
-            path,
+            path, files_checked=files_checked,
         )
     ids = [t.id for t in tasks]
     dup = sorted({i for i in ids if ids.count(i) > 1})
@@ -253,7 +256,7 @@ def load_tasks(path: Path) -> list[Task]:
     return tasks
 
 
-def _load_jsonl(path: Path) -> list[Task]:
+def _load_jsonl(path: Path, files_checked: bool) -> list[Task]:
     entries, problems = [], []
     for lineno, text in enumerate(_read_text(path).splitlines(), start=1):
         if not text.strip():
@@ -262,15 +265,17 @@ def _load_jsonl(path: Path) -> list[Task]:
             entries.append((json.loads(text), {(): lineno}, ()))
         except json.JSONDecodeError as e:
             problems.append(f"{path}:{lineno}: not valid JSON: {e.msg} (column {e.colno})")
-    return _validate_all(entries, path, problems)
+    return _validate_all(entries, path, problems, files_checked)
 
 
-def _validate_all(entries: list[tuple[Any, dict, tuple]], path: Path, problems: list[str] | None = None) -> list[Task]:
+def _validate_all(entries: list[tuple[Any, dict, tuple]], path: Path, problems: list[str] | None = None,
+                  files_checked: bool = False) -> list[Task]:
     """Validate every entry, collecting all problems (in line order) before failing."""
     tasks, problems = [], list(problems or [])
     for data, lines, prefix in entries:
         try:
-            tasks.append(_resolve_files(_validate(Task, data, path, lines, prefix), path, lines, prefix))
+            task = _validate(Task, data, path, lines, prefix)
+            tasks.append(task if files_checked else _resolve_files(task, path, lines, prefix))
         except ConfigError as e:
             problems.append(str(e))
     if problems:

@@ -105,13 +105,19 @@ async def run(fn: Callable[[], T], timeout_s: float | None) -> T:
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
 
+    def settle(set_it: Callable, value) -> None:
+        if not done.done():
+            set_it(value)
+
     def target() -> None:
         try:
-            result = fn()
+            outcome = (done.set_result, fn())
         except BaseException as e:  # handed to the awaiting coroutine
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_exception(e))
-        else:
-            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(result))
+            outcome = (done.set_exception, e)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop is gone: nobody waits any more
+            pass
 
     threading.Thread(target=target, daemon=True, name="polar-files").start()
     return await asyncio.wait_for(done, timeout_s)
@@ -120,8 +126,9 @@ async def run(fn: Callable[[], T], timeout_s: float | None) -> T:
 # --- internals ------------------------------------------------------------------------------------
 
 
-def _walk(root: Path, names: list[str], create: bool) -> int:
-    """An O_DIRECTORY fd of `root/names...`, each component opened O_NOFOLLOW (made if `create`)."""
+def _walk(root: Path, names: list[str], create: bool, wanted: Path | None = None) -> int:
+    """An O_DIRECTORY fd of `root/names...`, each component opened O_NOFOLLOW (made if `create`);
+    a missing folder is reported as `wanted` (the path asked for) not found."""
     fd = os.open(root, _DIR & ~os.O_NOFOLLOW)  # the root is the gateway's own (or a checked) folder
     try:
         for i, name in enumerate(names):
@@ -132,6 +139,8 @@ def _walk(root: Path, names: list[str], create: bool) -> int:
                     pass
             try:
                 new = os.open(name, _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                raise FileError(f"{wanted or root.joinpath(*names)}: not found") from None
             except OSError as e:
                 raise FileError(_why(root, names[: i + 1], fd, name, e)) from None
             os.close(fd)
@@ -144,7 +153,7 @@ def _walk(root: Path, names: list[str], create: bool) -> int:
 
 def _open_in(root: Path, folders: list[str], name: str, flags: int, create: bool) -> int:
     """An fd of the regular file `root/folders/name` opened with `flags`."""
-    parent = _walk(root, folders, create)
+    parent = _walk(root, folders, create, root.joinpath(*folders, name))
     try:
         fd = os.open(name, flags, 0o644, dir_fd=parent)
     except OSError as e:
