@@ -178,7 +178,8 @@ class Pipeline:
 
     async def _evaluate(self, spec, task: Task, session_box: Sandbox, records, outcome: _Outcome, metadata: dict):
         """The reward, by the later of the session's deadline and the evaluator's own allowance."""
-        allowance = EVALUATION_SLACK_S + (task.evaluator.timeout_s if isinstance(task.evaluator, CommandEvaluator) else 0)
+        command = isinstance(task.evaluator, CommandEvaluator)
+        allowance = EVALUATION_SLACK_S + (task.evaluator.timeout_s if command else 0.0)
         try:
             async with asyncio.timeout(max(spec.deadline - time.time(), allowance)):
                 return await self._evaluation(task, session_box, records, outcome, metadata)

@@ -52,10 +52,7 @@ def parts(rel: str) -> list[str]:
 
 def read(root: Path, rel: str, cap: int) -> bytes:
     """The first `cap` + 1 bytes of the regular file `root/rel` (more than `cap`: it is larger)."""
-    names = parts(rel)
-    if not names:
-        raise FileError(f"{rel!r} names a folder, not a file")
-    fd = _open_in(root, names[:-1], names[-1], _READ, create=False)
+    fd = _open_file(root, rel, _READ, create=False)
     try:
         chunks, left = [], cap + 1
         while left > 0 and (chunk := os.read(fd, min(left, CHUNK))):
@@ -68,10 +65,7 @@ def read(root: Path, rel: str, cap: int) -> bytes:
 
 def write(root: Path, rel: str, data: bytes) -> None:
     """Create or replace the regular file `root/rel`, making its folders; no link is followed."""
-    names = parts(rel)
-    if not names:
-        raise FileError(f"{rel!r} names a folder, not a file")
-    fd = _open_in(root, names[:-1], names[-1], _WRITE, create=True)
+    fd = _open_file(root, rel, _WRITE, create=True)
     try:
         _write_all(fd, data)
     finally:
@@ -151,8 +145,12 @@ def _walk(root: Path, names: list[str], create: bool, wanted: Path | None = None
     return fd
 
 
-def _open_in(root: Path, folders: list[str], name: str, flags: int, create: bool) -> int:
-    """An fd of the regular file `root/folders/name` opened with `flags`."""
+def _open_file(root: Path, rel: str, flags: int, create: bool) -> int:
+    """An fd of the regular file `root/rel` opened with `flags` (its folders made if `create`)."""
+    names = parts(rel)
+    if not names:
+        raise FileError(f"{rel!r} names a folder, not a file")
+    folders, name = names[:-1], names[-1]
     parent = _walk(root, folders, create, root.joinpath(*folders, name))
     try:
         fd = os.open(name, flags, 0o644, dir_fd=parent)
