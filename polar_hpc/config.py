@@ -2,13 +2,18 @@
 
 `load_topology(path)` and `load_tasks(path)` return validated models or raise `ConfigError`, whose
 message reads `FILE:LINE: FIELD: what is wrong` (one line per problem). Relative paths inside a
-task file (sandbox files) are resolved against the task file's folder at load time.
+task file (sandbox files) are resolved against the task file's folder at load time and must stay
+inside it (no absolute path elsewhere, no `..`, no symbolic link). Text that reaches a command line
+or an environment (instruction, commands, env values) may not hold a NUL byte, env names must be
+valid.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import re
+import stat
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
 import pydantic
@@ -133,13 +138,29 @@ class Topology(_Model):
 # --- tasks ----------------------------------------------------------------------------------------
 
 
+def _no_nul(text: str) -> str:
+    if "\0" in text:
+        raise ValueError("contains a NUL byte, which no command line or environment can carry")
+    return text
+
+
+def _env_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"{name!r} is not an environment variable name (letters, digits and _, not first a digit)")
+    return name
+
+
+_Text = Annotated[str, pydantic.AfterValidator(_no_nul)]
+_EnvName = Annotated[str, pydantic.AfterValidator(_env_name)]
+
+
 class HarnessSpec(_Model):
     """`shell` runs `command`; a preset writes its harness's config and runs it (`command`, if
     given, replaces the preset's command line)."""
 
     kind: Literal["shell", "mini_swe_agent", "codex", "claude_code", "opencode", "qwen_code"] = "shell"
-    command: str | None = None
-    env: dict[str, str] = {}
+    command: _Text | None = None
+    env: dict[_EnvName, _Text] = {}
 
     @pydantic.model_validator(mode="wrap")
     @classmethod
@@ -158,15 +179,15 @@ class HarnessSpec(_Model):
 
 class TaskSandbox(_Model):
     image: str | None = None
-    files: dict[str, str] = {}  # destination in the workspace -> source path
-    prepare: list[str] = []
+    files: dict[str, str] = {}  # destination in the workspace -> source path (inside the task's folder)
+    prepare: list[_Text] = []
     network: Literal["none", "proxy-only", "host"] = "host"
     gpus: bool = False  # apptainer: --nv
 
 
 class CommandEvaluator(_Model):
     kind: Literal["command"]
-    command: str
+    command: _Text
     timeout_s: float = Field(60.0, gt=0)
     # "session": run in the harness's sandbox as it left it; "fresh": in a new sandbox (the task's
     # files and prepare, started while the harness runs) holding the harness's workspace at submission/
@@ -193,7 +214,7 @@ _EVALUATOR_KINDS = ("command", "reward_file", "regex")
 
 class Task(_Model):
     id: str = Field(min_length=1)
-    instruction: str
+    instruction: _Text
     num_samples: int = Field(1, ge=1)
     timeout_s: float = Field(600.0, gt=0)
     harness: HarnessSpec
@@ -214,25 +235,28 @@ def load_topology(path: Path | None) -> Topology:
     return _validate(Topology, data, path, lines)
 
 
-def load_tasks(path: Path) -> list[Task]:
-    """Tasks from a YAML file (one task, or a list) or a JSONL file (one task per line)."""
+def load_tasks(path: Path, files_checked: bool = False) -> list[Task]:
+    """Tasks from a YAML file (one task, or a list) or a JSONL file (one task per line).
+
+    `files_checked`: a run's own copy of tasks already loaded once (sandbox files resolved and
+    checked then), so sources are taken as they are."""
     if path.suffix == ".jsonl":
-        tasks = _load_jsonl(path)
+        tasks = _load_jsonl(path, files_checked)
     else:
         data, lines = _read_yaml(path)
         items = data if isinstance(data, list) else [data]
         tasks = _validate_all(
             [(item, lines, (i,) if isinstance(data, list) else ()) for i, item in enumerate(items)],
-            path,
+            path, files_checked=files_checked,
         )
     ids = [t.id for t in tasks]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise ConfigError(f"{path}: duplicate task id(s): {', '.join(dup)}")
-    return [_resolve_files(t, path.parent) for t in tasks]
+    return tasks
 
 
-def _load_jsonl(path: Path) -> list[Task]:
+def _load_jsonl(path: Path, files_checked: bool) -> list[Task]:
     entries, problems = [], []
     for lineno, text in enumerate(_read_text(path).splitlines(), start=1):
         if not text.strip():
@@ -241,15 +265,17 @@ def _load_jsonl(path: Path) -> list[Task]:
             entries.append((json.loads(text), {(): lineno}, ()))
         except json.JSONDecodeError as e:
             problems.append(f"{path}:{lineno}: not valid JSON: {e.msg} (column {e.colno})")
-    return _validate_all(entries, path, problems)
+    return _validate_all(entries, path, problems, files_checked)
 
 
-def _validate_all(entries: list[tuple[Any, dict, tuple]], path: Path, problems: list[str] | None = None) -> list[Task]:
+def _validate_all(entries: list[tuple[Any, dict, tuple]], path: Path, problems: list[str] | None = None,
+                  files_checked: bool = False) -> list[Task]:
     """Validate every entry, collecting all problems (in line order) before failing."""
     tasks, problems = [], list(problems or [])
     for data, lines, prefix in entries:
         try:
-            tasks.append(_validate(Task, data, path, lines, prefix))
+            task = _validate(Task, data, path, lines, prefix)
+            tasks.append(task if files_checked else _resolve_files(task, path, lines, prefix))
         except ConfigError as e:
             problems.append(str(e))
     if problems:
@@ -333,10 +359,49 @@ def _map_lines(node: yaml.Node, loc: tuple, lines: dict) -> None:
             _map_lines(value, loc + (i,), lines)
 
 
-def _resolve_files(task: Task, base: Path) -> Task:
-    files = {dest: str((base / src).resolve()) for dest, src in task.sandbox.files.items()}
-    missing = [src for src in files.values() if not Path(src).exists()]
-    if missing:
-        raise ConfigError(f"task {task.id!r}: sandbox.files: no such file: {', '.join(missing)}")
+def _resolve_files(task: Task, path: Path, lines: dict, prefix: tuple) -> Task:
+    """Each `sandbox.files` source as an absolute path inside the task file's folder, or ConfigError.
+
+    A source must be a regular file or folder below that folder, reached without `..` and without
+    a symbolic link on the way; a destination must be relative, without `..`.
+    """
+    base, files, problems = path.parent.resolve(), {}, []
+    for dest, src in task.sandbox.files.items():
+        line = _line_of(lines, prefix + ("sandbox", "files", dest))
+        try:
+            files[dest] = _source(base, path.parent.absolute(), dest, src)
+        except ValueError as e:
+            problems.append(f"{path}:{line}: sandbox.files: {e}")
+    if problems:
+        raise ConfigError("\n".join(problems))
     sandbox = task.sandbox.model_copy(update={"files": files})
     return task.model_copy(update={"sandbox": sandbox})
+
+
+def _source(base: Path, folder: Path, dest: str, src: str) -> str:
+    target = PurePosixPath(dest)
+    if "\0" in dest or target.is_absolute() or ".." in target.parts or not dest.strip("./"):
+        raise ValueError(f"destination leaves the workspace (absolute, '..' or empty): {dest}")
+    if "\0" in src:
+        raise ValueError(f"source contains a NUL byte: {src!r}")
+    given = Path(src)
+    if ".." in given.parts:
+        raise ValueError(f"'..' is not allowed in a source: {src}")
+    full = given if given.is_absolute() else base / given
+    rel = next((full.relative_to(f) for f in (base, folder) if full.is_relative_to(f)), None)
+    if rel is None:
+        raise ValueError(f"source outside the task's folder ({base}): {src}")
+    here, mode = base, base.stat().st_mode
+    for part in rel.parts:
+        here = here / part
+        try:
+            mode = here.lstat().st_mode
+        except FileNotFoundError:
+            raise ValueError(f"no such file: {src}") from None
+        except OSError as e:
+            raise ValueError(f"cannot read {src}: {e.strerror}") from None
+        if stat.S_ISLNK(mode):
+            raise ValueError(f"a symbolic link on the way ({here}; links are not followed): {src}")
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise ValueError(f"not a regular file or folder: {src}")
+    return str(here)

@@ -3,8 +3,12 @@
 Each session is one coroutine that moves through the stages by taking the next stage's slot before
 giving up its current one, so a full stage holds the sessions behind it (backpressure) and a
 session waiting in READY already has a started, prepared sandbox. Leaving INIT returns one credit
-to the orchestrator. The session's deadline (set at dispatch) bounds INIT, the READY wait and RUN;
-POSTRUN always runs, so the calls captured so far become a trajectory whatever happened.
+to the orchestrator. The session's deadline (set at dispatch) bounds INIT (the wait for its slot
+included), the READY wait and RUN; POSTRUN always runs, so the calls captured so far become a
+trajectory whatever happened, and its evaluation ends by the later of the deadline and
+EVALUATION_SLACK_S (+ a command evaluator's timeout_s) after it starts, else the session is
+`timeout`. A sandbox that cannot start or launch the harness (or any bug before POSTRUN) ends the
+session `error` at once, with the reason.
 A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
 is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 """
@@ -12,6 +16,7 @@ is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -21,13 +26,15 @@ from typing import Callable, Protocol
 from polar_hpc import wire
 from polar_hpc.config import CommandEvaluator, PoolConfig, Task
 from polar_hpc.harness import presets
-from polar_hpc.sandbox import Factory, Sandbox, SandboxError
+from polar_hpc.sandbox import Factory, Sandbox, SandboxError, files
 from polar_hpc.shards.writer import ShardWriter
 from polar_hpc.trajectory.builders import build
 from polar_hpc.trajectory.evaluators import evaluate
 from polar_hpc.trajectory.model import Trajectory
 
 STDERR_TAIL = 4000
+EVALUATION_SLACK_S = 5.0  # an evaluation may end this long (+ a command's timeout_s) after the harness
+log = logging.getLogger("polar_hpc.gateway")
 
 
 class ProxyLink(Protocol):
@@ -100,8 +107,7 @@ class Pipeline:
         sandbox = self._new_sandbox(task)
         t_start = time.time()
         outcome = _Outcome()
-        holding = ["INIT"]
-        await self._stage["INIT"].acquire()
+        holding: list[str] = []
         try:
             await self._before_postrun(spec, task, sandbox, holding, outcome)
         except asyncio.CancelledError:
@@ -119,6 +125,8 @@ class Pipeline:
         token = secrets.token_urlsafe(24)
         try:
             async with asyncio.timeout(spec.deadline - time.time()):
+                await self._stage["INIT"].acquire()
+                holding.append("INIT")
                 self._update(sid, "INIT", outcome)
                 await sandbox.start()
                 await self.proxy.open(sid, token)
@@ -135,8 +143,12 @@ class Pipeline:
         except TimeoutError:
             outcome.status = "timeout"
             return
-        except SandboxError as e:
+        except (SandboxError, files.FileError) as e:  # e.g. it could not launch; a linked instruction file
             outcome.status, outcome.error = "error", str(e)
+            return
+        except Exception as e:  # a bug must end the session as an error, never leave it hanging
+            log.exception("session %s failed", sid)
+            outcome.status, outcome.error = "error", f"gateway error: {e!r}"
             return
         if result.timed_out:
             outcome.status = "timeout"
@@ -164,7 +176,23 @@ class Pipeline:
             raise
         return sandbox
 
-    async def _evaluate(self, task: Task, session_box: Sandbox, records, outcome: _Outcome, metadata: dict):
+    async def _evaluate(self, spec, task: Task, session_box: Sandbox, records, outcome: _Outcome, metadata: dict):
+        """The reward, by the later of the session's deadline and the evaluator's own allowance."""
+        command = isinstance(task.evaluator, CommandEvaluator)
+        allowance = EVALUATION_SLACK_S + (task.evaluator.timeout_s if command else 0.0)
+        try:
+            async with asyncio.timeout(max(spec.deadline - time.time(), allowance)):
+                return await self._evaluation(task, session_box, records, outcome, metadata)
+        except TimeoutError:
+            outcome.status = "timeout"
+            outcome.error = metadata["error"] = metadata["evaluation"] = (
+                f"evaluation not finished by the session's deadline (nor {allowance:g}s after the harness)")
+        except Exception as e:
+            log.exception("evaluation of session %s failed", spec.session_id)
+            metadata["evaluation"] = f"evaluation failed: {e!r}"
+        return None
+
+    async def _evaluation(self, task: Task, session_box: Sandbox, records, outcome: _Outcome, metadata: dict):
         """The reward, from the session's sandbox or the fresh one holding its workspace at submission/."""
         box = session_box
         if outcome.fresh is not None:
@@ -199,7 +227,7 @@ class Pipeline:
             metadata["error"] = outcome.error
         reward = None
         if outcome.status == "completed" and task.evaluator is not None:
-            reward = await self._evaluate(task, sandbox, records, outcome, metadata)
+            reward = await self._evaluate(spec, task, sandbox, records, outcome, metadata)
         clean = [await sandbox.stop(), await _stop_fresh(outcome.fresh)]
         if not all(clean):
             metadata["untrainable"] = "sandbox teardown could not verify that no process survived"

@@ -30,6 +30,7 @@ import yaml
 
 from polar_hpc.config import Task
 from polar_hpc.harness import shell
+from polar_hpc.sandbox import files
 
 _DIR = ".polar"
 CONTEXT_TOKENS = 65536  # the context claude_code and qwen_code assume (examples/harnesses/topology.yaml)
@@ -48,10 +49,10 @@ def launch(
     return task.harness.command or command, env | extra | dict(task.harness.env)
 
 
-def _write(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+def _write(workspace: Path, rel: str, text: str) -> Path:
+    """Write a config file into the workspace without following links (the sandbox made them)."""
+    files.write(workspace, rel, text.encode())
+    return workspace / rel
 
 
 def mini_swe_agent(proxy_url: str, token: str, model: str, workspace: Path):
@@ -63,7 +64,7 @@ def mini_swe_agent(proxy_url: str, token: str, model: str, workspace: Path):
         },
         "agent": {"cost_limit": 0},
     }
-    path = _write(workspace / _DIR / "mini.yaml", yaml.safe_dump(config))
+    path = _write(workspace, f"{_DIR}/mini.yaml", yaml.safe_dump(config))
     command = (f'mini -y --exit-immediately -c mini.yaml -c {path} -t "$POLAR_INSTRUCTION" '
                f"-o {workspace / _DIR / 'mini.traj.json'}")
     env = {"MSWEA_CONFIGURED": "true", "MSWEA_SILENT_STARTUP": "1",
@@ -79,7 +80,7 @@ def codex(proxy_url: str, token: str, model: str, workspace: Path):
         'name = "polar-hpc proxy"', f'base_url = "{proxy_url}/v1"', 'env_key = "POLAR_API_KEY"',
         'wire_api = "responses"', "",
     ])
-    _write(workspace / ".codex" / "config.toml", toml)
+    _write(workspace, ".codex/config.toml", toml)
     command = 'codex exec --skip-git-repo-check "$POLAR_INSTRUCTION"'
     return command, {"POLAR_API_KEY": token, "CODEX_HOME": str(workspace / ".codex")}
 
@@ -106,7 +107,7 @@ def opencode(proxy_url: str, token: str, model: str, workspace: Path):
         "model": f"polar/{model}", "small_model": f"polar/{model}", "autoupdate": False,
         "share": "disabled", "permission": "allow",
     }
-    _write(workspace / "opencode.json", json.dumps(config, indent=2))
+    _write(workspace, "opencode.json", json.dumps(config, indent=2))
     env = {"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1",
            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1", "OPENCODE_DISABLE_SHARE": "1"}
     # --title: a given title spares the extra call that would name the session
@@ -123,7 +124,7 @@ def qwen_code(proxy_url: str, token: str, model: str, workspace: Path):
                    "enableAutoSkill": False},  # background agents: extra model calls
     }
     home = workspace / ".qwen"
-    _write(home / "settings.json", json.dumps(settings, indent=2))
+    _write(workspace, ".qwen/settings.json", json.dumps(settings, indent=2))
     env = {"OPENAI_BASE_URL": f"{proxy_url}/v1", "OPENAI_API_KEY": token, "OPENAI_MODEL": model,
            "QWEN_HOME": str(home), "QWEN_CODE_MAX_OUTPUT_TOKENS": str(OUTPUT_TOKENS),
            "QWEN_TELEMETRY_ENABLED": "0", "QWEN_USAGE_STATISTICS_ENABLED": "0",

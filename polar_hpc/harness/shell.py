@@ -1,9 +1,10 @@
 """The shell harness: a task's command, run in its sandbox, pointed at the proxy.
 
 The harness sees an ordinary OpenAI-compatible endpoint (OPENAI_BASE_URL, OPENAI_API_KEY = its
-session token), its instruction in POLAR_INSTRUCTION and in the file named by
-POLAR_INSTRUCTION_FILE, and this interpreter's bin folder first on PATH (so `python` is the one
-that has the project's environment).
+session token), its instruction in the file named by POLAR_INSTRUCTION_FILE and, when it is at most
+ENV_INSTRUCTION_MAX bytes (the kernel refuses longer environment strings), in POLAR_INSTRUCTION,
+and this interpreter's bin folder first on PATH (so `python` is the one that has the project's
+environment). The file is written without following links (the workspace is the sandbox's).
 """
 
 from __future__ import annotations
@@ -13,20 +14,24 @@ import sys
 from pathlib import Path
 
 from polar_hpc.config import Task
+from polar_hpc.sandbox import files
 
 INSTRUCTION_FILE = "instruction.txt"
+ENV_INSTRUCTION_MAX = 64 << 10  # bytes; one environment string may not exceed 128 KiB
 
 
 def environment(task: Task, proxy_url: str, token: str, session_id: str, workspace: Path) -> dict[str, str]:
     """Write the instruction file into `workspace` and return the harness's environment."""
-    (workspace / INSTRUCTION_FILE).write_text(task.instruction)
+    instruction = task.instruction.encode()
+    files.write(workspace, INSTRUCTION_FILE, instruction)
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
     base = {
         "PATH": path,
         "OPENAI_BASE_URL": f"{proxy_url}/v1",
         "OPENAI_API_KEY": token,
         "POLAR_SESSION_ID": session_id,
-        "POLAR_INSTRUCTION": task.instruction,
         "POLAR_INSTRUCTION_FILE": str(workspace / INSTRUCTION_FILE),
     }
+    if len(instruction) <= ENV_INSTRUCTION_MAX:
+        base["POLAR_INSTRUCTION"] = task.instruction
     return base | dict(task.harness.env)

@@ -85,7 +85,7 @@ class Orchestrator:
         self.resumed = bool(attempts)
         tasks_path = run_dir / "tasks.jsonl"
         empty = self.service.enabled and (not tasks_path.exists() or not tasks_path.read_text().strip())
-        tasks = [] if empty else load_tasks(tasks_path)
+        tasks = [] if empty else load_tasks(tasks_path, files_checked=True)  # sandbox files checked by `prepare`
         submitted, self.draining = service_events(run_dir) if self.service.enabled else ([], False)
         added = [Task.model_validate(e["task"]) for e in submitted]  # by trainers, in an earlier life
         self.table = SessionTable.from_tasks(tasks + added, self.done, attempts)

@@ -6,8 +6,12 @@ A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root
 - `exec(command, env, timeout_s, max_output)` runs `/bin/sh -c command` through `inside.py` (limits,
   proxy relay) and kills the command's whole tree at the timeout or when it breaks a limit
   (`ExecResult.limit` says which).
-- `upload(src, dest)` / `download(path, dest)` copy into / out of the workspace; a path that
-  leaves the workspace (`..`, a symlink out) is refused.
+- `upload(src, dest)` / `download(path, dest)` copy a file or folder into / out of the workspace
+  with `files.copy` (no link followed, links kept as links, FIFOs and devices skipped), in a
+  thread, within what is left of the disk limit; a path that leaves the workspace (`..`, absolute,
+  through a link) is refused. `SandboxError` names what went wrong.
+- Launching a command can fail (an argument or environment over the kernel's limit, a NUL byte, a
+  bad environment name): `exec` raises `SandboxError` with the reason.
 - `cancel()` kills every process of the sandbox now; `stop()` does the same, removes the files,
   and returns True only when it could verify that no process of the sandbox survives.
 
@@ -25,10 +29,12 @@ import secrets
 import shutil
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar_hpc.sandbox import files
 from polar_hpc.sandbox.limits import Limits, PidsCgroup
 
 MARKER = "POLAR_SANDBOX_ID"
@@ -113,22 +119,12 @@ class Sandbox:
                 raise SandboxError(f"prepare command {command!r} exited {result.returncode}: {tail}")
 
     async def upload(self, src: Path, dest: str) -> None:
-        target = self._inside_workspace(dest)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            if src.is_dir():
-                shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)  # links stay links
-            else:
-                shutil.copy2(src, target)
-        except OSError as e:
-            raise SandboxError(f"cannot upload {src} to {dest}: {e.strerror or e}") from None
+        """Copy the file or folder `src` to `dest` in the workspace."""
+        await self._copy(f"upload {src} to {dest}", src.parent, src.name, self.workspace, dest)
 
     async def download(self, path: str, dest: Path) -> None:
-        src = self._inside_workspace(path)
-        if src.is_dir():
-            shutil.copytree(src, dest, symlinks=True)  # links inside are copied as links, never followed
-        else:
-            shutil.copy2(src, dest)
+        """Copy `path` (a file or folder) of the workspace to `dest` on the host."""
+        await self._copy(f"download {path} to {dest}", self.workspace, path, dest.parent, dest.name)
 
     async def exec(
         self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None
@@ -136,16 +132,19 @@ class Sandbox:
         """Run `command` (via /bin/sh -c) in the workspace; kill its whole tree at the timeout."""
         cap = self.limits.max_output if max_output is None else max_output
         hits = _pids_limit_hits(self._cgroup)
-        proc = await asyncio.create_subprocess_exec(
-            *self._wrap(self._launcher(["/bin/sh", "-c", command])),
-            cwd=self.workspace,
-            env=self._environment(env | {MARKER: self.marker}),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-            preexec_fn=self._cgroup.join if self._cgroup else None,
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._wrap(self._launcher(["/bin/sh", "-c", command])),
+                cwd=self.workspace,
+                env=self._environment(env | {MARKER: self.marker}),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=self._cgroup.join if self._cgroup else None,
+            )
+        except (OSError, ValueError) as e:  # E2BIG, a NUL byte, a bad environment name...
+            raise SandboxError(f"cannot launch the command: {getattr(e, 'strerror', None) or e}") from None
         self._pgids.add(proc.pid)
         reads = asyncio.gather(_read_capped(proc.stdout, cap), _read_capped(proc.stderr, cap))
         timed_out, limit = False, None
@@ -185,7 +184,7 @@ class Sandbox:
         """Backend hook: stop that; the base then kills every process it can find."""
 
     async def _remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        await asyncio.to_thread(shutil.rmtree, self.root, ignore_errors=True)
 
     def _wrap(self, argv: list[str]) -> list[str]:
         raise NotImplementedError
@@ -209,12 +208,6 @@ class Sandbox:
             args += ["--relay", f"{RELAY_PORT}={self.proxy_socket_inside}"]
         return args + ["--"] + argv
 
-    def _inside_workspace(self, path: str) -> Path:
-        target = (self.workspace / path).resolve()
-        if not target.is_relative_to(self.workspace.resolve()):
-            raise SandboxError(f"{path!r} is outside the sandbox's workspace")
-        return target
-
     async def _watch(self, pid: int, deadline: float, pids_hits: int) -> tuple[bool, str | None]:
         """Wait for `pid` to exit or a limit to break: (timed out, the limit broken, if any).
 
@@ -232,8 +225,25 @@ class Sandbox:
                 pass
             if _pids_limit_hits(self._cgroup) > pids_hits:
                 return False, pids_limit
-            if _disk_usage(self.root) > self.limits.max_disk_bytes:
+            if await asyncio.to_thread(_disk_usage, self.root) > self.limits.max_disk_bytes:
                 return False, f"disk limit exceeded (max_disk_bytes={self.limits.max_disk_bytes})"
+
+    async def _copy(self, what: str, src_root: Path, src: str, dst_root: Path, dst: str) -> None:
+        """`files.copy` in a thread, bounded by what is left of the disk limit; stopped if cancelled."""
+        stop = threading.Event()
+
+        def copy() -> int:
+            budget = self.limits.max_disk_bytes - _disk_usage(self.root)
+            return files.copy(src_root, src, dst_root, dst, budget, stop)
+
+        try:
+            await files.run(copy, timeout_s=None)
+        except files.OverBudget as e:
+            raise SandboxError(f"cannot {what}: {e} (max_disk_bytes={self.limits.max_disk_bytes})") from None
+        except (files.FileError, OSError) as e:
+            raise SandboxError(f"cannot {what}: {getattr(e, 'strerror', None) or e}") from None
+        finally:
+            stop.set()  # a cancelled copy stops at its next MiB
 
     def _survivors(self) -> set[int]:
         found = set(self._cgroup.pids()) if self._cgroup else set()

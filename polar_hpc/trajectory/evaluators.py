@@ -4,8 +4,11 @@
 
 - CommandEvaluator: run `spec.command` in the sandbox under `spec.timeout_s`; exit 0 -> 1.0,
   anything else (a timeout included) -> 0.0; the detail ends with the tail of its output.
-- RewardFileEvaluator: the float in `sandbox.workspace / spec.path`; a missing, unreadable or
-  non-numeric (or non-finite) file gives reward None and a detail naming the file and the problem.
+- RewardFileEvaluator: the float in `sandbox.workspace / spec.path`, read from the host with
+  `sandbox.files.read` (no link followed on any component, regular files only, at most
+  REWARD_FILE_MAX bytes, given up after REWARD_FILE_TIMEOUT_S); a missing, linked, special
+  (FIFO...), oversized, unreadable or non-numeric (or non-finite) file gives reward None and a
+  detail naming the file and the problem.
 - RegexEvaluator: `re.search(spec.pattern, final answer)` -> 1.0 / 0.0; an invalid pattern or an
   unreadable final answer gives reward None.
 
@@ -19,12 +22,14 @@ import re
 from dataclasses import dataclass
 
 from polar_hpc.config import CommandEvaluator, RegexEvaluator, RewardFileEvaluator
+from polar_hpc.sandbox import files
 from polar_hpc.sandbox.base import Sandbox
 from polar_hpc.trajectory.messages import final_answer
 from polar_hpc.wire import CallRecord
 
 DETAIL_TAIL = 2000  # characters of command output kept in a detail
 REWARD_FILE_MAX = 4096  # bytes read from a reward file
+REWARD_FILE_TIMEOUT_S = 5.0  # the read of a reward file is given up after this
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ async def evaluate(
     if isinstance(spec, CommandEvaluator):
         return await _command(spec, sandbox)
     if isinstance(spec, RewardFileEvaluator):
-        return _reward_file(spec, sandbox)
+        return await _reward_file(spec, sandbox)
     if isinstance(spec, RegexEvaluator):
         return _regex(spec, records)
     raise TypeError(f"unknown evaluator spec {type(spec).__name__}")
@@ -58,15 +63,16 @@ async def _command(spec: CommandEvaluator, sandbox: Sandbox) -> Outcome:
     return Outcome(1.0 if result.returncode == 0 else 0.0, f"exit {result.returncode}: {tail}")
 
 
-def _reward_file(spec: RewardFileEvaluator, sandbox: Sandbox) -> Outcome:
+async def _reward_file(spec: RewardFileEvaluator, sandbox: Sandbox) -> Outcome:
     path = sandbox.workspace / spec.path
     try:
-        with open(path, "rb") as f:
-            raw = f.read(REWARD_FILE_MAX + 1)
-    except FileNotFoundError:
-        return Outcome(None, f"reward file {path}: not found")
+        raw = await files.run(lambda: files.read(sandbox.workspace, spec.path, REWARD_FILE_MAX), REWARD_FILE_TIMEOUT_S)
+    except files.FileError as e:
+        return Outcome(None, f"reward file: {e}")
     except OSError as e:
         return Outcome(None, f"reward file {path}: cannot read: {e.strerror}")
+    except TimeoutError:
+        return Outcome(None, f"reward file {path}: not read within {REWARD_FILE_TIMEOUT_S:g}s")
     if len(raw) > REWARD_FILE_MAX:
         return Outcome(None, f"reward file {path}: larger than {REWARD_FILE_MAX} bytes, not a float")
     text = raw.decode(errors="replace").strip()

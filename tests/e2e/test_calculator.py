@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,12 +68,13 @@ def test_shards_show_json(calculator_run) -> None:
 
 
 def test_per_request_gives_one_trace_per_call(tmp_path: Path, calculator_dir: Path) -> None:
+    shutil.copy(calculator_dir / "agent.py", tmp_path)  # sandbox files come from the task file's folder
     task = {
         "id": "calc-per-request",
         "instruction": "What is 6 * 7?",
         "num_samples": 2,
         "harness": {"command": "python agent.py"},
-        "sandbox": {"files": {"agent.py": str(calculator_dir / "agent.py")}},
+        "sandbox": {"files": {"agent.py": "agent.py"}},
         "evaluator": {"kind": "regex", "pattern": "\\b42\\b"},
         "builder": "per_request",
     }

@@ -33,13 +33,14 @@ def _task(task_id: str, command: str, **extra) -> dict:
 
 def test_crash_timeout_and_wrong_key_are_contained(tmp_path: Path) -> None:
     (tmp_path / "wrong_key.py").write_text(WRONG_KEY)
+    shutil.copy(CALCULATOR / "agent.py", tmp_path)  # sandbox files come from the task file's folder
     marker = f"98{os.getpid() % 10000:04d}1"
     tasks = [
         _task("crash", "python -c \"import sys; sys.stderr.write('boom-marker\\\\n'); sys.exit(3)\""),
         _task("forever", f"sleep {marker} & sleep {marker}", timeout_s=3),
         _task("wrong-key", "python wrong_key.py", sandbox={"files": {"wrong_key.py": "wrong_key.py"}},
               evaluator={"kind": "reward_file", "path": "reward.txt"}),
-        _task("good", "python agent.py", num_samples=2, sandbox={"files": {"agent.py": str(CALCULATOR / "agent.py")}},
+        _task("good", "python agent.py", num_samples=2, sandbox={"files": {"agent.py": "agent.py"}},
               evaluator={"kind": "regex", "pattern": "\\b5\\b"}),
     ]
     run_dir = tmp_path / "run"

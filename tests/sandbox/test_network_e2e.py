@@ -4,6 +4,7 @@ and the relay, reaches nothing else, and a fork bomb ends its own session with a
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,11 @@ from polar_hpc.shards.reader import iter_trajectories
 
 @pytest.mark.skipif(not bwrap.available(), reason="bubblewrap not installed or not usable here")
 def test_network_none_run(tmp_path: Path, calculator_dir: Path) -> None:
+    shutil.copy(calculator_dir / "agent.py", tmp_path)  # sandbox files come from the task file's folder
     none = {"network": "none"}
     tasks = [
         {"id": "calc", "instruction": "What is 6 * 7?", "num_samples": 2, "harness": {"command": "python agent.py"},
-         "sandbox": none | {"files": {"agent.py": str(calculator_dir / "agent.py")}},
+         "sandbox": none | {"files": {"agent.py": "agent.py"}},
          "evaluator": {"kind": "regex", "pattern": "\\b42\\b"}},
         {"id": "outside", "instruction": "-", "sandbox": none, "harness": {"command":
          "python -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=5)\""}},

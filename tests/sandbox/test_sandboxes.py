@@ -103,9 +103,9 @@ def test_upload_download_refuse_paths_outside_the_workspace(cls, tmp_path: Path)
         await sb.exec(f"ln -s {tmp_path} out; mkdir d; ln -s /etc/hostname d/link", {}, 10)
         await sb.download("a/b.txt", tmp_path / "back.txt")
         await sb.download("d", tmp_path / "d-copy")
-        with pytest.raises(SandboxError, match="outside the sandbox's workspace"):
+        with pytest.raises(SandboxError, match="leaves its folder"):
             await sb.upload(src, "../escape.txt")
-        with pytest.raises(SandboxError, match="outside the sandbox's workspace"):
+        with pytest.raises(SandboxError, match="out: a symbolic link"):
             await sb.download("out/in.txt", tmp_path / "leak.txt")
         await sb.stop()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +13,10 @@ from conftest import ROOT, polar
 
 
 def test_trainer_example_follows_a_running_job(tmp_path):
-    calc = ROOT / "examples" / "calculator"
+    shutil.copy(ROOT / "examples" / "calculator" / "agent.py", tmp_path)  # files come from the task's folder
     base = {"instruction": "What is 17 * 23 + 4?", "num_samples": 3, "timeout_s": 60,
             "harness": {"command": "python agent.py"},
-            "sandbox": {"files": {"agent.py": str(calc / "agent.py")}, "network": "host"},
+            "sandbox": {"files": {"agent.py": "agent.py"}, "network": "host"},
             "evaluator": {"kind": "regex", "pattern": "\\b395\\b"}}
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"id": i, **base}) + "\n" for i in ("calc-a", "calc-b")))

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 
 import pytest
 
@@ -67,3 +69,24 @@ def test_regex(sandbox, record):
     assert run(RegexEvaluator(kind="regex", pattern="x"), sandbox, []).reward == 0.0
     broken = run(RegexEvaluator(kind="regex", pattern="(unclosed"), sandbox, records)
     assert broken.reward is None and "invalid regex" in broken.detail
+
+
+def test_reward_file_is_never_followed_waited_on_or_read_whole(sandbox, tmp_path):
+    secret = tmp_path / "host"
+    secret.mkdir()
+    (secret / "reward.txt").write_text("0.125")  # a host file the harness must not get scored by
+    ws = sandbox.workspace
+    os.mkfifo(ws / "fifo.txt")
+    os.symlink(secret / "reward.txt", ws / "link.txt")
+    os.symlink(secret, ws / "out")
+    with open(ws / "huge.txt", "wb") as f:
+        f.truncate(20 << 30)
+    cases = {"fifo.txt": "not a regular file (a FIFO)", "link.txt": "a symbolic link (not followed)",
+             "out/reward.txt": "out: a symbolic link (not followed)", "huge.txt": "larger than 4096 bytes",
+             "../host/reward.txt": "leaves its folder"}
+    for path, expected in cases.items():
+        t0 = time.monotonic()
+        out = run(RewardFileEvaluator(kind="reward_file", path=path), sandbox)
+        assert out.reward is None and expected in out.detail, out.detail
+        assert "0.125" not in out.detail
+        assert time.monotonic() - t0 < 2
