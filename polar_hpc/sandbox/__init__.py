@@ -39,7 +39,8 @@ def backend(config: SandboxConfig, node_tmp: Path, hidden: tuple[Path, ...] = ()
         )
         return partial(apptainer.ApptainerSandbox, settings=settings, **common), None
     if config.backend != "none" and bwrap.available():
-        return partial(bwrap.BwrapSandbox, **common), None
+        run_as = (config.run_as_uid, config.run_as_gid)  # used when the gateway runs as root
+        return partial(bwrap.BwrapSandbox, run_as=run_as, **common), None
     if config.backend == "bwrap":
         raise SandboxError("sandbox.backend is 'bwrap' but bubblewrap is not installed or cannot run here")
     warning = None

@@ -1,8 +1,22 @@
-"""bubblewrap sandbox: read-only host root, private workspace and /tmp, every namespace unshared.
+"""bubblewrap sandbox: read-only host root, private workspace, /tmp and /dev/shm, an unprivileged user.
 
-The host's root is visible read-only (the harness runs the host's interpreters); the folder that
-holds the other sessions' sandboxes and the `hidden` folders (the run directory, with its shards
-and keys) are covered by empty tmpfs mounts (those under /tmp are already behind the private /tmp).
+What a command sees: the host's root read-only (it runs the host's interpreters); its workspace
+(at its own path, its cwd) and its tmp (at /tmp) writable; /dev/shm is `ROOT/shm`, on disk and
+counted in the session's disk limit; /dev read-only (its device nodes still work). /run, /root,
+/home, the folder holding the other sessions' sandboxes and the `hidden` folders (the run
+directory, with its shards and keys) are covered by small empty tmpfs mounts (those under /tmp are
+already behind the private /tmp); the folders holding the interpreter and the PATH entries that
+live under /tmp, /root or /home are bound back read-only (`shown_dirs`).
+
+Who it runs as: a gateway that is not root runs bwrap in a user namespace, where bwrap drops every
+capability; the command's host uid is the gateway's. A gateway running as root (as in CI) runs
+bwrap without a user namespace and with only the capabilities to change user, and `inside.py`
+drops to `run_as` (65534:65534 unless the topology says otherwise) for good before the command
+starts: no capability, no_new_privs, root-only host files unreadable. The sandbox's folders and
+every upload are given to that user (never following a link; no process of the sandbox runs
+between two commands, so nothing races it) and the proxy's socket is made connectable. Its
+process bound is the sandbox's pids cgroup; without one RLIMIT_NPROC is set, which then counts
+every sandbox running as that uid together.
 
 Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
 (or the command ending) takes every process it started with it: nothing outlives its command.
@@ -21,6 +35,11 @@ from pathlib import Path
 
 from polar_hpc.sandbox.base import INSIDE, Sandbox
 
+HOMES = ("/root", "/home")
+NOBODY = (65534, 65534)
+_COVER_BYTES = 1 << 20  # an empty cover only holds mount points
+_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # all inside.py needs to drop to `run_as`
+
 
 def available() -> bool:
     """bwrap is installed and can create namespaces on this machine."""
@@ -34,42 +53,101 @@ def available() -> bool:
     return probe.returncode == 0
 
 
-def host_tmp_dirs() -> list[str]:
-    """Top-level /tmp folders holding this interpreter or a PATH entry (a checkout or virtualenv under
-    /tmp): the sandbox's private /tmp would hide them, so they are bound back read-only."""
+def shown_dirs() -> list[str]:
+    """Folders bound back read-only over the hidden /tmp, /root and /home: those holding this
+    interpreter, its virtualenv and the PATH entries (under /tmp the whole top-level folder, a
+    checkout with its virtualenv; under /root and /home only the folder itself)."""
     wanted = [sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)]
-    tops = set()
-    for path in filter(None, wanted):
-        parts = Path(os.path.realpath(path)).parts
-        if len(parts) > 2 and parts[:2] == ("/", "tmp"):
-            tops.add(f"/tmp/{parts[2]}")
-    return sorted(tops)
+    shown = set()
+    for path in filter(os.path.isabs, wanted):
+        real = Path(os.path.realpath(path))
+        if len(real.parts) > 2 and real.parts[:2] == ("/", "tmp"):
+            shown.add(f"/tmp/{real.parts[2]}")
+        elif any(real.is_relative_to(home) for home in HOMES) and real.is_dir():
+            shown.add(str(real))
+    return sorted(shown)
+
+
+def give(path: Path, uid: int, gid: int) -> None:
+    """Make `path` and everything under it owned by uid:gid, never following a symbolic link."""
+    os.chown(path, uid, gid, follow_symlinks=False)
+    if path.is_symlink() or not path.is_dir():
+        return
+    for _, dirs, files, fd in os.fwalk(path):  # fwalk does not follow links, even swapped in later
+        for name in dirs + files:
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+
+
+def _cover(folder: str | Path) -> list[str]:
+    return ["--size", str(_COVER_BYTES), "--tmpfs", str(folder)]
+
+
+def _traversable(path: str) -> list[str]:
+    """Create the mount point's parents 0755 (bwrap makes them 0700, closed to a non-root user)."""
+    return [arg for parent in reversed(Path(path).parents[:-1]) for arg in ("--perms", "0755", "--dir", str(parent))]
 
 
 class BwrapSandbox(Sandbox):
     name = "bwrap"
     pid_namespace = True
-    user_namespace = True
     isolates_network = True
     inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
 
+    def __init__(self, *args, run_as: tuple[int, int] = NOBODY, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.privileged = os.geteuid() == 0  # then commands run as `run_as`, outside any user namespace
+        self.run_as = run_as
+        self.shm = self.root / "shm"
+
+    @property
+    def user_namespace(self) -> bool:
+        return not self.privileged
+
+    async def _launch(self) -> None:
+        self.shm.mkdir(exist_ok=True)
+        if not self.privileged:
+            return
+        for folder in (self.workspace, self.tmp, self.shm):
+            give(folder, *self.run_as)
+        if self.relayed and self.proxy_socket.exists():  # its host folder stays closed to others
+            self.proxy_socket.chmod(0o666)
+
+    async def upload(self, src: Path, dest: str) -> None:
+        await super().upload(src, dest)
+        if self.privileged:  # the whole workspace: upload may have made the destination's parents
+            give(self.workspace, *self.run_as)
+
+    def _launcher(self, argv: list[str]) -> list[str]:
+        args = super()._launcher(argv)
+        if self.privileged:
+            shared_nproc = [] if self._cgroup else ["--nproc", str(self.limits.max_pids)]
+            args[2:2] = ["--user", "%d:%d" % self.run_as, *shared_nproc]
+        return args
+
     def _wrap(self, argv: list[str]) -> list[str]:
         ws, tmp = str(self.workspace), str(self.tmp)
-        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
-        for folder in (self.root.parent, *self.hidden):  # the other sessions next to this one; the run dir
-            if not folder.is_relative_to("/tmp") and folder.is_dir():
-                args += ["--tmpfs", str(folder)]
+        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        for folder in (Path("/run"), *map(Path, HOMES), self.root.parent, *self.hidden):
+            if not folder.is_relative_to("/tmp") and folder.is_dir():  # other sessions; the run dir
+                args += _cover(folder)
         args += ["--bind", tmp, "/tmp"]
-        shown = host_tmp_dirs()
+        shown = shown_dirs()
         for path in shown:
-            args += ["--ro-bind", path, path]
-        for folder in self.hidden:  # e.g. a run dir inside a checkout under /tmp
+            args += _traversable(path) + ["--ro-bind", path, path]
+        for folder in (self.root.parent, *self.hidden):  # e.g. a run dir inside a checkout under /tmp
             if any(folder.is_relative_to(top) for top in shown) and folder.is_dir():
-                args += ["--tmpfs", str(folder)]
-        args += ["--ro-bind", str(INSIDE), self.inside, "--bind", ws, ws, "--chdir", ws]
-        args += ["--unshare-all", "--die-with-parent", "--new-session"]
-        if self.network == "host":
-            args.append("--share-net")
-        elif self.relayed:
+                args += _cover(folder)
+        args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
+        args += ["--perms", "0755", "--dir", "/run/polar", "--ro-bind", str(INSIDE), self.inside]
+        args += _traversable(ws) + ["--bind", ws, ws, "--chdir", ws]
+        if self.privileged:
+            args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+            args += [arg for cap in _SETUP_CAPS for arg in ("--cap-add", cap)]
+            if self.network != "host":
+                args.append("--unshare-net")
+        else:
+            args += ["--unshare-all"] + (["--share-net"] if self.network == "host" else [])
+        args += ["--die-with-parent", "--new-session"]
+        if self.relayed:
             args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
         return args + ["--setenv", "TMPDIR", "/tmp", "--"] + argv
