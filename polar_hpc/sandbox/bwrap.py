@@ -8,15 +8,12 @@ directory, with its shards and keys) are covered by small empty tmpfs mounts (th
 already behind the private /tmp); the folders holding the interpreter and the PATH entries that
 live under /tmp, /root or /home are bound back read-only (`shown_dirs`).
 
-Who it runs as: a gateway that is not root runs bwrap in a user namespace, where bwrap drops every
-capability; the command's host uid is the gateway's. A gateway running as root (as in CI) runs
-bwrap without a user namespace and with only the capabilities to change user, and `inside.py`
-drops to `run_as` (65534:65534 unless the topology says otherwise) for good before the command
-starts: no capability, no_new_privs, root-only host files unreadable. The sandbox's folders and
-every upload are given to that user (never following a link; no process of the sandbox runs
-between two commands, so nothing races it) and the proxy's socket is made connectable. Its
-process bound is the sandbox's pids cgroup; without one RLIMIT_NPROC is set, which then counts
-every sandbox running as that uid together.
+Who it runs as (owner.py): a gateway that is not root runs bwrap in a user namespace, where bwrap
+drops every capability; the command's host uid is the gateway's. A gateway running as root (as in
+CI) runs bwrap without a user namespace and with only the capabilities to change user, and
+`inside.py --user` drops to `run_as` for good before the command starts: no capability,
+no_new_privs, root-only host files unreadable. Its process bound is then the sandbox's pids
+cgroup; without one RLIMIT_NPROC is set, which counts every sandbox of that uid together.
 
 Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
 (or the command ending) takes every process it started with it: nothing outlives its command.
@@ -33,10 +30,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from polar_hpc.sandbox.base import INSIDE, Sandbox
+from polar_hpc.sandbox.base import INSIDE
+from polar_hpc.sandbox.owner import RunsAs
 
 HOMES = ("/root", "/home")
-NOBODY = (65534, 65534)
 _COVER_BYTES = 1 << 20  # an empty cover only holds mount points
 _SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # all inside.py needs to drop to `run_as`
 
@@ -68,16 +65,6 @@ def shown_dirs() -> list[str]:
     return sorted(shown)
 
 
-def give(path: Path, uid: int, gid: int) -> None:
-    """Make `path` and everything under it owned by uid:gid, never following a symbolic link."""
-    os.chown(path, uid, gid, follow_symlinks=False)
-    if path.is_symlink() or not path.is_dir():
-        return
-    for _, dirs, files, fd in os.fwalk(path):  # fwalk does not follow links, even swapped in later
-        for name in dirs + files:
-            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
-
-
 def _cover(folder: str | Path) -> list[str]:
     return ["--size", str(_COVER_BYTES), "--tmpfs", str(folder)]
 
@@ -87,41 +74,16 @@ def _traversable(path: str) -> list[str]:
     return [arg for parent in reversed(Path(path).parents[:-1]) for arg in ("--perms", "0755", "--dir", str(parent))]
 
 
-class BwrapSandbox(Sandbox):
+class BwrapSandbox(RunsAs):
     name = "bwrap"
     pid_namespace = True
     isolates_network = True
     inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
 
-    def __init__(self, *args, run_as: tuple[int, int] = NOBODY, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.privileged = os.geteuid() == 0  # then commands run as `run_as`, outside any user namespace
-        self.run_as = run_as
-        self.shm = self.root / "shm"
-
-    @property
-    def user_namespace(self) -> bool:
-        return not self.privileged
-
-    async def _launch(self) -> None:
-        self.shm.mkdir(exist_ok=True)
-        if not self.privileged:
-            return
-        for folder in (self.workspace, self.tmp, self.shm):
-            give(folder, *self.run_as)
-        if self.relayed and self.proxy_socket.exists():  # its host folder stays closed to others
-            self.proxy_socket.chmod(0o666)
-
-    async def upload(self, src: Path, dest: str) -> None:
-        await super().upload(src, dest)
-        if self.privileged:  # the whole workspace: upload may have made the destination's parents
-            give(self.workspace, *self.run_as)
-
     def _launcher(self, argv: list[str]) -> list[str]:
         args = super()._launcher(argv)
         if self.privileged:
-            shared_nproc = [] if self._cgroup else ["--nproc", str(self.limits.max_pids)]
-            args[2:2] = ["--user", "%d:%d" % self.run_as, *shared_nproc]
+            args[2:2] = ["--user", "%d:%d" % self.run_as]
         return args
 
     def _wrap(self, argv: list[str]) -> list[str]:

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from e2e.helpers import live_processes_matching
-from polar_hpc.sandbox import Limits, SandboxError, bwrap
+from bwrap_required import AVAILABLE, needs_bwrap
+from polar_hpc.sandbox import Limits, SandboxError
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.sandbox.none import NoneSandbox
 
-BACKENDS = [NoneSandbox, pytest.param(BwrapSandbox, marks=pytest.mark.skipif(
-    not bwrap.available(), reason="bubblewrap not installed or not usable here"))]
+BACKENDS = [NoneSandbox, pytest.param(BwrapSandbox, marks=needs_bwrap)]
 
 
 def _run(coro):
@@ -66,7 +66,12 @@ def test_timeout_kills_the_whole_tree(cls, tmp_path: Path) -> None:
     assert not live_processes_matching(marker)
 
 
-@pytest.mark.skipif(not bwrap.available(), reason="bubblewrap not installed or not usable here")
+@needs_bwrap
+def test_bwrap_runs_here() -> None:
+    assert AVAILABLE, "bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)"
+
+
+@needs_bwrap
 def test_bwrap_isolation(tmp_path: Path) -> None:
     host_file = Path("/tmp") / f"polar-host-{os.getpid()}"
     host_file.write_text("host")

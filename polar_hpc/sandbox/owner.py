@@ -1,0 +1,63 @@
+"""Who a harness runs as on the host: never root. `RunsAs` is the base of the container backends.
+
+A gateway that is not root runs harnesses as its own user (in a user namespace, without
+capabilities). A gateway running as root (as in CI) runs them as `run_as` (the topology's
+`sandbox.run_as_uid/gid`, 65534:65534 by default); each backend says how (bwrap: `inside.py
+--user`; apptainer: `--security uid:N,gid:N`). The sandbox's workspace, tmp and /dev/shm folders
+and everything uploaded into the workspace are then given to that user, never following a link.
+No process of a sandbox runs between two of its commands (each command's PID namespace dies with
+it), so nothing inside can swap a path while the gateway walks it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from polar_hpc.sandbox.base import Sandbox
+
+NOBODY = (65534, 65534)
+
+
+def give(path: Path, uid: int, gid: int) -> None:
+    """Make `path` and everything under it owned by uid:gid, never following a symbolic link."""
+    os.chown(path, uid, gid, follow_symlinks=False)
+    if path.is_symlink() or not path.is_dir():
+        return
+    for _, dirs, files, fd in os.fwalk(path):  # fwalk does not follow links, even swapped in later
+        for name in dirs + files:
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+
+
+class RunsAs(Sandbox):
+    """A sandbox whose commands run as `run_as` when the gateway is root; `shm` is its /dev/shm,
+    a folder of the sandbox (on disk, counted in the disk limit, unlike a RAM tmpfs)."""
+
+    def __init__(self, *args, run_as: tuple[int, int] = NOBODY, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.privileged = os.geteuid() == 0
+        self.run_as = run_as
+        self.shm = self.root / "shm"
+
+    @property
+    def user_namespace(self) -> bool:  # as root, commands run as `run_as` outside any user namespace
+        return not self.privileged
+
+    def _launcher(self, argv: list[str]) -> list[str]:
+        args = super()._launcher(argv)
+        if self.privileged and self._cgroup is None:  # the one bound left, shared by every sandbox of run_as
+            args[2:2] = ["--nproc", str(self.limits.max_pids)]
+        return args
+
+    async def _launch(self) -> None:
+        for folder in (self.workspace, self.tmp, self.shm):
+            folder.mkdir(parents=True, exist_ok=True)
+            if self.privileged:
+                give(folder, *self.run_as)
+        if self.privileged and self.relayed and self.proxy_socket.exists():  # its host folder stays closed to others
+            self.proxy_socket.chmod(0o666)
+
+    async def upload(self, src: Path, dest: str) -> None:
+        await super().upload(src, dest)
+        if self.privileged:  # the whole workspace: upload may have made the destination's parents
+            give(self.workspace, *self.run_as)
