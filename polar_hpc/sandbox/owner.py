@@ -3,10 +3,12 @@
 A gateway that is not root runs harnesses as its own user (in a user namespace, without
 capabilities). A gateway running as root (as in CI) runs them as `run_as` (the topology's
 `sandbox.run_as_uid/gid`, 65534:65534 by default); each backend says how (bwrap: `inside.py
---user`; apptainer: `--security uid:N,gid:N`). The sandbox's workspace, tmp and /dev/shm folders
-and everything uploaded into the workspace are then given to that user, never following a link.
-No process of a sandbox runs between two of its commands (each command's PID namespace dies with
-it), so nothing inside can swap a path while the gateway walks it.
+--user`; apptainer: `--security uid:N,gid:N`). The sandbox's tmp and /dev/shm folders are given
+to that user at start, and its workspace, with all the gateway put there (uploads, a harness's
+config files), before each command; never following a link. No process of a sandbox runs between
+two of its commands (each command's PID namespace dies with it), so nothing inside can swap a path
+while the gateway walks it, and a hard link can only name a file of the workspace itself (link(2)
+does not cross the workspace's bind mount).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from polar_hpc.sandbox.base import Sandbox
+from polar_hpc.sandbox.base import ExecResult, Sandbox
 
 NOBODY = (65534, 65534)
 
@@ -57,7 +59,9 @@ class RunsAs(Sandbox):
         if self.privileged and self.relayed and self.proxy_socket.exists():  # its host folder stays closed to others
             self.proxy_socket.chmod(0o666)
 
-    async def upload(self, src: Path, dest: str) -> None:
-        await super().upload(src, dest)
-        if self.privileged:  # the whole workspace: upload may have made the destination's parents
+    async def exec(
+        self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None
+    ) -> ExecResult:
+        if self.privileged:  # what the gateway put there since (uploads, a harness's config files)
             give(self.workspace, *self.run_as)
+        return await super().exec(command, env, timeout_s, max_output)

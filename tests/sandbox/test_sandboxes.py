@@ -72,6 +72,27 @@ def test_bwrap_runs_here() -> None:
 
 
 @needs_bwrap
+def test_what_the_gateway_writes_into_the_workspace_is_the_harness_s(tmp_path: Path) -> None:
+    """A harness's config folder written by a root gateway (presets) stays writable for the harness."""
+    async def go():
+        sb = BwrapSandbox(tmp_path / "sb", {}, [], "none")
+        await sb.start()
+        (sb.workspace / ".codex").mkdir()
+        (sb.workspace / ".codex" / "config.toml").write_text("model = 'x'\n")
+        os.symlink("/etc/passwd", sb.workspace / "passwd")  # given as a link, never followed
+        r = await sb.exec("echo s >> .codex/config.toml && touch .codex/sessions && id -u", {}, 10)
+        owners = {p.name: p.lstat().st_uid for p in (sb.workspace / ".codex", sb.workspace / "passwd")}
+        assert await sb.stop()
+        return r, owners
+
+    r, owners = _run(go())
+    assert r.returncode == 0, r.stderr
+    uid = 65534 if os.geteuid() == 0 else os.getuid()
+    assert r.stdout == f"{uid}\n".encode() and set(owners.values()) == {uid}
+    assert Path("/etc/passwd").stat().st_uid == 0
+
+
+@needs_bwrap
 def test_bwrap_isolation(tmp_path: Path) -> None:
     host_file = Path("/tmp") / f"polar-host-{os.getpid()}"
     host_file.write_text("host")
