@@ -30,7 +30,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from polar_hpc.sandbox.base import INSIDE
+from polar_hpc.sandbox.base import INSIDE, MARKER
+from polar_hpc.sandbox.inside import ENV_PREFIX
 from polar_hpc.sandbox.owner import RunsAs
 
 HOMES = ("/root", "/home")
@@ -82,9 +83,16 @@ class BwrapSandbox(RunsAs):
 
     def _launcher(self, argv: list[str]) -> list[str]:
         args = super()._launcher(argv)
-        if self.privileged:
-            args[2:2] = ["--user", "%d:%d" % self.run_as]
+        args[2:2] = ["--prefixed-env"] + (["--user", "%d:%d" % self.run_as] if self.privileged else [])
         return args
+
+    def _environment(self, env: dict[str, str]) -> dict[str, str]:
+        """bwrap runs on the host (as root for a root gateway): it gets the gateway's PATH and the
+        command's variables only as POLAR_ENV_*, which `inside.py --prefixed-env` restores for the
+        command alone, so a task's LD_PRELOAD, PATH or PYTHONPATH cannot run code before the drop."""
+        command = super()._environment(env) | {"TMPDIR": "/tmp"}
+        own = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", MARKER: command[MARKER]}
+        return own | {ENV_PREFIX + k: v for k, v in command.items()}
 
     def _wrap(self, argv: list[str]) -> list[str]:
         ws, tmp = str(self.workspace), str(self.tmp)
@@ -112,4 +120,4 @@ class BwrapSandbox(RunsAs):
         args += ["--die-with-parent", "--new-session"]
         if self.relayed:
             args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
-        return args + ["--setenv", "TMPDIR", "/tmp", "--"] + argv
+        return args + ["--"] + argv

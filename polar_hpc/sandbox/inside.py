@@ -1,6 +1,7 @@
 """Runs INSIDE a sandbox, under the sandbox's own python3 (stdlib only): limits, proxy relay, exec.
 
-    python3 inside.py [--nproc N] [--fsize BYTES] [--user UID:GID] [--relay PORT=SOCKET] -- ARGV...
+    python3 inside.py [--nproc N] [--fsize BYTES] [--user UID:GID] [--relay PORT=SOCKET] [--prefixed-env]
+                      -- ARGV...
 
 - `--nproc N`: RLIMIT_NPROC. Inside a fresh user namespace (bwrap, apptainer) the kernel counts
   only this sandbox's processes against it, so it bounds a fork bomb; it is not enforced for a
@@ -14,6 +15,10 @@
   to the Unix socket SOCKET (the proxy's), so a harness with no network still reaches its proxy
   at an ordinary http URL. The relay is a forked child that dies with ARGV (PR_SET_PDEATHSIG).
   A port already taken (a relay of an earlier exec still alive in a shared namespace) is reused.
+
+- `--prefixed-env`: ARGV's environment is this script's `POLAR_ENV_*` variables, prefix removed
+  (bwrap). What a task sets (LD_PRELOAD, PYTHONPATH, PATH...) then reaches only ARGV, after the
+  drop, never the sandbox launcher or this script while they may still be root.
 
 Then it execs ARGV, so ARGV's exit status is the sandbox command's.
 """
@@ -29,12 +34,17 @@ import threading
 _PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
+ENV_PREFIX = "POLAR_ENV_"
 
 
 def main(argv):
     split = argv.index("--")
     opts, command = argv[:split], argv[split + 1 :]
     relay = user = None
+    env = os.environ
+    if "--prefixed-env" in opts:
+        opts.remove("--prefixed-env")
+        env = {k[len(ENV_PREFIX) :]: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
     for flag, value in zip(opts[::2], opts[1::2]):
         if flag == "--nproc":
             resource.setrlimit(resource.RLIMIT_NPROC, (int(value), int(value)))
@@ -49,7 +59,7 @@ def main(argv):
         _drop_to(*user)
     if relay is not None:
         _start_relay(*relay)
-    os.execvp(command[0], command)
+    os.execvpe(command[0], command, env)
 
 
 def _drop_to(uid, gid):

@@ -197,6 +197,52 @@ def test_ram_filesystems_are_read_only_or_bounded(tmp_path: Path, privileged: bo
     assert shm == 5000000  # on disk, in the sandbox's folder: the disk limit counts it
 
 
+EVIL_SO = """
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void evil(void) {
+    FILE *f = fopen(getenv("EVIL_OUT"), "a");
+    if (f) { fprintf(f, "%d\\n", (int)getuid()); fclose(f); }
+}
+"""
+
+
+def test_task_environment_runs_no_code_before_the_drop(tmp_path: Path) -> None:
+    """A task's LD_PRELOAD, PYTHONPATH and PATH reach the command, never bwrap on the host nor
+    inside.py while it is root: each hook records the uid it ran as, on the host if it can."""
+    host_out = Path(f"/var/tmp/polar-evil-{os.getpid()}")
+    files = {"site/sitecustomize.py": tmp_path / "sitecustomize.py", "bin/bwrap": tmp_path / "bwrap"}
+    (tmp_path / "sitecustomize.py").write_text("import os\nopen(os.environ['EVIL_OUT'], 'a').write('%d\\n' % os.getuid())\n")
+    (tmp_path / "bwrap").write_text(f"#!/bin/sh\necho host-bwrap >> {host_out}\nexec /usr/bin/bwrap \"$@\"\n")
+    (tmp_path / "bwrap").chmod(0o755)
+    if shutil.which("cc"):
+        (tmp_path / "evil.c").write_text(EVIL_SO)
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "evil.so", tmp_path / "evil.c"], check=True)
+        files["evil.so"] = tmp_path / "evil.so"
+
+    async def go():
+        sb = BwrapSandbox(tmp_path / "sb", {k: str(v) for k, v in files.items()}, [], "none")
+        await sb.start()
+        ws = sb.workspace
+        env = {"PYTHONPATH": f"{ws}/site", "PATH": f"{ws}/bin:/usr/bin:/bin", "EVIL_OUT": str(host_out)}
+        if "evil.so" in files:
+            env["LD_PRELOAD"] = f"{ws}/evil.so"
+        first = await sb.exec(f"{PY} -c pass", env, 30)  # every hook tries the host first...
+        inside = await sb.exec(f"{PY} -c pass; cat who", env | {"EVIL_OUT": f"{ws}/who"}, 30)  # ...then its workspace
+        assert await sb.stop()
+        return first, inside
+
+    try:
+        first, inside = _run(go())
+        assert not host_out.exists(), host_out.read_text()
+    finally:
+        host_out.unlink(missing_ok=True)
+    assert first.returncode == 0, first.stderr
+    uids = inside.stdout.split()
+    assert uids and set(uids) == {b"65534" if os.geteuid() == 0 else str(os.getuid()).encode()}, inside
+
+
 def test_sigterm_ignorer_is_killed_at_the_deadline_and_nothing_survives_stop(tmp_path: Path) -> None:
     marker = f"7{os.getpid() % 100000:05d}3"
 
