@@ -7,11 +7,13 @@ import os
 import time
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from e2e.helpers import live_processes_matching
 from bwrap_required import AVAILABLE, needs_bwrap
-from polar_hpc.sandbox import Limits, SandboxError
+from polar_hpc.config import SandboxConfig
+from polar_hpc.sandbox import Limits, SandboxError, backend
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.sandbox.none import NoneSandbox
 
@@ -69,6 +71,14 @@ def test_timeout_kills_the_whole_tree(cls, tmp_path: Path) -> None:
 @needs_bwrap
 def test_bwrap_runs_here() -> None:
     assert AVAILABLE, "bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)"
+
+
+@needs_bwrap
+def test_topology_names_the_user_a_root_gateway_runs_harnesses_as(tmp_path: Path) -> None:
+    factory, _ = backend(SandboxConfig(backend="bwrap", run_as_uid=1234, run_as_gid=4321), tmp_path)
+    assert factory(tmp_path / "sb", {}, [], "proxy-only").run_as == (1234, 4321)
+    with pytest.raises(pydantic.ValidationError, match="run_as_uid"):
+        SandboxConfig(run_as_uid=0)  # root is never a harness's user
 
 
 @needs_bwrap
