@@ -1,7 +1,10 @@
-"""The escape suite: what a harness in a bwrap sandbox with network `none` must not be able to do.
+"""The escape suite: what a harness in a bwrap sandbox must not be able to do (docs/sandbox.md,
+"Threat model", names the test for each line).
 
-Runs real bwrap sandboxes; the proxy is played by a small HTTP server listening on a host loopback
-port and on a Unix socket (the real proxy's Unix socket is exercised in test_network_e2e.py).
+The first tests run real bwrap sandboxes directly (network `none`; the proxy is played by a small
+HTTP server on a host loopback port and a Unix socket). The last runs `escape_probe.py` as the
+harness through the real path (`polar-hpc run --service`, tasks submitted as a trainer would), once
+per network mode, next to a /dev/shm flood, a fork bomb and ordinary sessions that must complete.
 """
 
 from __future__ import annotations
