@@ -56,12 +56,12 @@ class RunsAs(Sandbox):
             folder.mkdir(parents=True, exist_ok=True)
             if self.privileged:
                 give(folder, *self.run_as)
-        if self.privileged and self.relayed and self.proxy_socket.exists():  # its host folder stays closed to others
-            self.proxy_socket.chmod(0o666)
 
     async def exec(
         self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None
     ) -> ExecResult:
         if self.privileged:  # what the gateway put there since (uploads, a harness's config files)
             give(self.workspace, *self.run_as)
+            if self.relayed and self.proxy_socket.exists():  # connectable; its host folder stays closed
+                self.proxy_socket.chmod(0o666)
         return await super().exec(command, env, timeout_s, max_output)
