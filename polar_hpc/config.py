@@ -87,6 +87,9 @@ class SandboxConfig(_Model):
     max_file_bytes: int = Field(1 << 30, ge=1)
     max_disk_bytes: int = Field(4 << 30, ge=1)
     max_output_bytes: int = Field(1 << 20, ge=1)
+    # a gateway running as root runs harnesses (bwrap, apptainer) as this host user, never as root
+    run_as_uid: int = Field(65534, ge=1)
+    run_as_gid: int = Field(65534, ge=1)
     apptainer: ApptainerConfig = ApptainerConfig()
 
 
@@ -181,7 +184,7 @@ class TaskSandbox(_Model):
     image: str | None = None
     files: dict[str, str] = {}  # destination in the workspace -> source path (inside the task's folder)
     prepare: list[_Text] = []
-    network: Literal["none", "proxy-only", "host"] = "host"
+    network: Literal["none", "proxy-only", "host"] = "proxy-only"  # host: an explicit opt-in
     gpus: bool = False  # apptainer: --nv
 
 

@@ -26,6 +26,7 @@ def backend(config: SandboxConfig, node_tmp: Path, hidden: tuple[Path, ...] = ()
     """
     limits = Limits(config.max_pids, config.max_file_bytes, config.max_disk_bytes, config.max_output_bytes)
     common = {"limits": limits, "hidden": hidden}
+    run_as = (config.run_as_uid, config.run_as_gid)  # the harness's user when the gateway runs as root
     if config.backend == "apptainer":
         if not apptainer.available():
             raise SandboxError("sandbox.backend is 'apptainer' but `apptainer` is not on PATH")
@@ -37,9 +38,9 @@ def backend(config: SandboxConfig, node_tmp: Path, hidden: tuple[Path, ...] = ()
             starts_per_node=a.starts_per_node,
             starts_per_image=a.starts_per_image,
         )
-        return partial(apptainer.ApptainerSandbox, settings=settings, **common), None
+        return partial(apptainer.ApptainerSandbox, settings=settings, run_as=run_as, **common), None
     if config.backend != "none" and bwrap.available():
-        return partial(bwrap.BwrapSandbox, **common), None
+        return partial(bwrap.BwrapSandbox, run_as=run_as, **common), None
     if config.backend == "bwrap":
         raise SandboxError("sandbox.backend is 'bwrap' but bubblewrap is not installed or cannot run here")
     warning = None

@@ -4,12 +4,20 @@ start (after admission: at most `starts_per_node` instance starts at once in thi
 gateway per node, and `starts_per_image` per image, so 256 simultaneous starts do not storm the
 mount layer; a SIF on the shared filesystem is first copied once per node to node-local storage):
 
-    apptainer instance start --contain --cleanenv --no-home --pid --overlay ROOT/overlay
-        --bind WS:WS --bind TMP:/tmp --bind inside.py:/.polar/inside.py:ro
+    apptainer instance start --containall --no-home --no-privs [--security uid:U,gid:G]
+        --overlay ROOT/overlay --bind WS:WS --bind TMP:/tmp --bind SHM:/dev/shm
+        --bind inside.py:/.polar/inside.py:ro
         [--net --network none --bind PROXY.sock:/run/polar/proxy.sock] [--nv] IMAGE polar-ID
 
-exec:  apptainer exec --cleanenv --pwd WS instance://polar-ID python3 /.polar/inside.py ... -- CMD
+exec:  apptainer exec --cleanenv --no-privs [--security uid:U,gid:G] --pwd WS instance://polar-ID
+           python3 /.polar/inside.py ... -- CMD
        (the harness's environment travels as APPTAINERENV_*; the image keeps its own PATH)
+
+`--containall` is --contain (minimal /dev, no host /tmp or home) + --cleanenv + --ipc + --pid;
+`--no-privs` drops every capability even from a root user. A gateway running as root adds
+`--security uid:U,gid:G` (owner.py: `run_as`, 65534 by default) so harnesses never run as root,
+and gives the sandbox's folders to that user. /dev/shm is the sandbox's `shm` folder, on disk and
+counted in the disk limit.
 stop:  apptainer instance stop --force polar-ID, then the base kills anything still marked.
 
 The instance has its own PID namespace (`--pid`), so stopping it ends every process it holds.
@@ -25,7 +33,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polar_hpc.sandbox.base import INSIDE, Sandbox, SandboxError
+from polar_hpc.sandbox.base import INSIDE, SandboxError
+from polar_hpc.sandbox.owner import RunsAs
 
 _INSIDE_AT = "/.polar/inside.py"
 
@@ -54,10 +63,9 @@ def available(executable: str = "apptainer") -> bool:
     return shutil.which(executable) is not None
 
 
-class ApptainerSandbox(Sandbox):
+class ApptainerSandbox(RunsAs):
     name = "apptainer"
     pid_namespace = True
-    user_namespace = True
     isolates_network = True
     python = "python3"
     inside = _INSIDE_AT
@@ -85,9 +93,9 @@ class ApptainerSandbox(Sandbox):
 
     def instance_start_argv(self, image: str) -> list[str]:
         ws, tmp = str(self.workspace), str(self.tmp)
-        args = [self.settings.executable, "instance", "start", "--contain", "--cleanenv", "--no-home", "--pid"]
+        args = [self.settings.executable, "instance", "start", "--containall", "--no-home", *self._unprivileged()]
         args += ["--overlay", str(self.overlay), "--bind", f"{ws}:{ws}", "--bind", f"{tmp}:/tmp"]
-        args += ["--bind", f"{INSIDE}:{_INSIDE_AT}:ro"]
+        args += ["--bind", f"{self.shm}:/dev/shm", "--bind", f"{INSIDE}:{_INSIDE_AT}:ro"]
         if self.network != "host":
             args += ["--net", "--network", "none"]
         if self.relayed:
@@ -99,9 +107,12 @@ class ApptainerSandbox(Sandbox):
     def instance_stop_argv(self) -> list[str]:
         return [self.settings.executable, "instance", "stop", "--force", self.instance]
 
+    def _unprivileged(self) -> list[str]:
+        return ["--no-privs"] + (["--security", "uid:%d,gid:%d" % self.run_as] if self.privileged else [])
+
     def _wrap(self, argv: list[str]) -> list[str]:
-        exe = self.settings.executable
-        return [exe, "exec", "--cleanenv", "--pwd", str(self.workspace), f"instance://{self.instance}"] + argv
+        exe, ws = self.settings.executable, str(self.workspace)
+        return [exe, "exec", "--cleanenv", *self._unprivileged(), "--pwd", ws, f"instance://{self.instance}"] + argv
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         inner = {"HOME": str(self.workspace), "TMPDIR": "/tmp", "LANG": "C.UTF-8"} | env
@@ -110,6 +121,7 @@ class ApptainerSandbox(Sandbox):
         return host | {f"APPTAINERENV_{k}": v for k, v in inner.items()}
 
     async def _launch(self) -> None:
+        await super()._launch()
         image = self.resolve_image()
         self.overlay.mkdir(parents=True, exist_ok=True)
         node_gate, image_gate = self.settings.gates(image)

@@ -1,8 +1,19 @@
-"""bubblewrap sandbox: read-only host root, private workspace and /tmp, every namespace unshared.
+"""bubblewrap sandbox: read-only host root, private workspace, /tmp and /dev/shm, an unprivileged user.
 
-The host's root is visible read-only (the harness runs the host's interpreters); the folder that
-holds the other sessions' sandboxes and the `hidden` folders (the run directory, with its shards
-and keys) are covered by empty tmpfs mounts (those under /tmp are already behind the private /tmp).
+What a command sees: the host's root read-only (it runs the host's interpreters); its workspace
+(at its own path, its cwd) and its tmp (at /tmp) writable; /dev/shm is `ROOT/shm`, on disk and
+counted in the session's disk limit; /dev read-only (its device nodes still work). /run, /root,
+/home, the folder holding the other sessions' sandboxes and the `hidden` folders (the run
+directory, with its shards and keys) are covered by small empty tmpfs mounts (those under /tmp are
+already behind the private /tmp); the folders holding the interpreter and the PATH entries that
+live under /tmp, /root or /home are bound back read-only (`shown_dirs`).
+
+Who it runs as (owner.py): a gateway that is not root runs bwrap in a user namespace, where bwrap
+drops every capability; the command's host uid is the gateway's. A gateway running as root (as in
+CI) runs bwrap without a user namespace and with only the capabilities to change user, and
+`inside.py --user` drops to `run_as` for good before the command starts: no capability,
+no_new_privs, root-only host files unreadable. Its process bound is then the sandbox's pids
+cgroup; without one RLIMIT_NPROC is set, which counts every sandbox of that uid together.
 
 Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
 (or the command ending) takes every process it started with it: nothing outlives its command.
@@ -19,7 +30,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from polar_hpc.sandbox.base import INSIDE, Sandbox
+from polar_hpc.sandbox.base import INSIDE, MARKER
+from polar_hpc.sandbox.inside import ENV_PREFIX
+from polar_hpc.sandbox.owner import RunsAs
+
+HOMES = ("/root", "/home")
+_COVER_BYTES = 1 << 20  # an empty cover only holds mount points
+_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # all inside.py needs to drop to `run_as`
 
 
 def available() -> bool:
@@ -34,42 +51,73 @@ def available() -> bool:
     return probe.returncode == 0
 
 
-def host_tmp_dirs() -> list[str]:
-    """Top-level /tmp folders holding this interpreter or a PATH entry (a checkout or virtualenv under
-    /tmp): the sandbox's private /tmp would hide them, so they are bound back read-only."""
+def shown_dirs() -> list[str]:
+    """Folders bound back read-only over the hidden /tmp, /root and /home: those holding this
+    interpreter, its virtualenv and the PATH entries (under /tmp the whole top-level folder, a
+    checkout with its virtualenv; under /root and /home only the folder itself)."""
     wanted = [sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)]
-    tops = set()
-    for path in filter(None, wanted):
-        parts = Path(os.path.realpath(path)).parts
-        if len(parts) > 2 and parts[:2] == ("/", "tmp"):
-            tops.add(f"/tmp/{parts[2]}")
-    return sorted(tops)
+    shown = set()
+    for path in filter(os.path.isabs, wanted):
+        real = Path(os.path.realpath(path))
+        if len(real.parts) > 2 and real.parts[:2] == ("/", "tmp"):
+            shown.add(f"/tmp/{real.parts[2]}")
+        elif any(real.is_relative_to(home) for home in HOMES) and real.is_dir():
+            shown.add(str(real))
+    return sorted(shown)
 
 
-class BwrapSandbox(Sandbox):
+def _cover(folder: str | Path) -> list[str]:
+    return ["--size", str(_COVER_BYTES), "--tmpfs", str(folder)]
+
+
+def _traversable(path: str) -> list[str]:
+    """Create the mount point's parents 0755 (bwrap makes them 0700, closed to a non-root user)."""
+    return [arg for parent in reversed(Path(path).parents[:-1]) for arg in ("--perms", "0755", "--dir", str(parent))]
+
+
+class BwrapSandbox(RunsAs):
     name = "bwrap"
     pid_namespace = True
-    user_namespace = True
     isolates_network = True
     inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
 
+    def _launcher(self, argv: list[str]) -> list[str]:
+        args = super()._launcher(argv)
+        args[2:2] = ["--prefixed-env"] + (["--user", "%d:%d" % self.run_as] if self.privileged else [])
+        return args
+
+    def _environment(self, env: dict[str, str]) -> dict[str, str]:
+        """bwrap runs on the host (as root for a root gateway): it gets the gateway's PATH and the
+        command's variables only as POLAR_ENV_*, which `inside.py --prefixed-env` restores for the
+        command alone, so a task's LD_PRELOAD, PATH or PYTHONPATH cannot run code before the drop."""
+        command = super()._environment(env) | {"TMPDIR": "/tmp"}
+        own = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", MARKER: command[MARKER]}
+        return own | {ENV_PREFIX + k: v for k, v in command.items()}
+
     def _wrap(self, argv: list[str]) -> list[str]:
         ws, tmp = str(self.workspace), str(self.tmp)
-        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/run"]
-        for folder in (self.root.parent, *self.hidden):  # the other sessions next to this one; the run dir
-            if not folder.is_relative_to("/tmp") and folder.is_dir():
-                args += ["--tmpfs", str(folder)]
+        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        for folder in (Path("/run"), *map(Path, HOMES), self.root.parent, *self.hidden):
+            if not folder.is_relative_to("/tmp") and folder.is_dir():  # other sessions; the run dir
+                args += _cover(folder)
         args += ["--bind", tmp, "/tmp"]
-        shown = host_tmp_dirs()
+        shown = shown_dirs()
         for path in shown:
-            args += ["--ro-bind", path, path]
-        for folder in self.hidden:  # e.g. a run dir inside a checkout under /tmp
+            args += _traversable(path) + ["--ro-bind", path, path]
+        for folder in (self.root.parent, *self.hidden):  # e.g. a run dir inside a checkout under /tmp
             if any(folder.is_relative_to(top) for top in shown) and folder.is_dir():
-                args += ["--tmpfs", str(folder)]
-        args += ["--ro-bind", str(INSIDE), self.inside, "--bind", ws, ws, "--chdir", ws]
-        args += ["--unshare-all", "--die-with-parent", "--new-session"]
-        if self.network == "host":
-            args.append("--share-net")
-        elif self.relayed:
+                args += _cover(folder)
+        args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
+        args += ["--perms", "0755", "--dir", "/run/polar", "--ro-bind", str(INSIDE), self.inside]
+        args += _traversable(ws) + ["--bind", ws, ws, "--chdir", ws]
+        if self.privileged:
+            args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+            args += [arg for cap in _SETUP_CAPS for arg in ("--cap-add", cap)]
+            if self.network != "host":
+                args.append("--unshare-net")
+        else:
+            args += ["--unshare-all"] + (["--share-net"] if self.network == "host" else [])
+        args += ["--die-with-parent", "--new-session"]
+        if self.relayed:
             args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
-        return args + ["--setenv", "TMPDIR", "/tmp", "--"] + argv
+        return args + ["--"] + argv

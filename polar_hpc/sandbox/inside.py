@@ -1,15 +1,24 @@
 """Runs INSIDE a sandbox, under the sandbox's own python3 (stdlib only): limits, proxy relay, exec.
 
-    python3 inside.py [--nproc N] [--fsize BYTES] [--relay PORT=SOCKET] -- ARGV...
+    python3 inside.py [--nproc N] [--fsize BYTES] [--user UID:GID] [--relay PORT=SOCKET] [--prefixed-env]
+                      -- ARGV...
 
 - `--nproc N`: RLIMIT_NPROC. Inside a fresh user namespace (bwrap, apptainer) the kernel counts
   only this sandbox's processes against it, so it bounds a fork bomb; it is not enforced for a
   process whose user is root outside every namespace (there the gateway uses a pids cgroup).
 - `--fsize BYTES`: RLIMIT_FSIZE, the largest file any process may write (`yes > file` stops there).
+- `--user UID:GID` (started as host root, as bwrap does for a root gateway): drop to that host
+  uid and gid for good: no supplementary groups, an empty capability bounding set, no_new_privs
+  (setuid binaries cannot give root back); it exits 126 unless /proc/self/status then shows
+  that uid and no capability at all. The relay below runs as that user too.
 - `--relay PORT=SOCKET`: listen on 127.0.0.1:PORT *before* ARGV starts and relay each connection
   to the Unix socket SOCKET (the proxy's), so a harness with no network still reaches its proxy
   at an ordinary http URL. The relay is a forked child that dies with ARGV (PR_SET_PDEATHSIG).
   A port already taken (a relay of an earlier exec still alive in a shared namespace) is reused.
+
+- `--prefixed-env`: ARGV's environment is this script's `POLAR_ENV_*` variables, prefix removed
+  (bwrap). What a task sets (LD_PRELOAD, PYTHONPATH, PATH...) then reaches only ARGV, after the
+  drop, never the sandbox launcher or this script while they may still be root.
 
 Then it execs ARGV, so ARGV's exit status is the sandbox command's.
 """
@@ -23,23 +32,52 @@ import sys
 import threading
 
 _PR_SET_PDEATHSIG = 1
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+ENV_PREFIX = "POLAR_ENV_"
 
 
 def main(argv):
     split = argv.index("--")
     opts, command = argv[:split], argv[split + 1 :]
-    relay = None
+    relay = user = None
+    env = os.environ
+    if "--prefixed-env" in opts:
+        opts.remove("--prefixed-env")
+        env = {k[len(ENV_PREFIX) :]: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
     for flag, value in zip(opts[::2], opts[1::2]):
         if flag == "--nproc":
             resource.setrlimit(resource.RLIMIT_NPROC, (int(value), int(value)))
         elif flag == "--fsize":
             resource.setrlimit(resource.RLIMIT_FSIZE, (int(value), int(value)))
+        elif flag == "--user":
+            user = tuple(int(n) for n in value.split(":"))
         elif flag == "--relay":
             port, path = value.split("=", 1)
             relay = (int(port), path)
+    if user is not None:
+        _drop_to(*user)
     if relay is not None:
         _start_relay(*relay)
-    os.execvp(command[0], command)
+    os.execvpe(command[0], command, env)
+
+
+def _drop_to(uid, gid):
+    libc = ctypes.CDLL(None, use_errno=True)
+    cap = 0
+    while libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:  # EINVAL past the last capability
+        cap += 1
+    libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # clears the permitted, effective and ambient sets
+    with open("/proc/self/status") as f:
+        status = dict(line.split(":", 1) for line in f if ":" in line)
+    fields = ("CapPrm", "CapEff", "CapBnd", "CapAmb")
+    dropped = all(int(status[k], 16) == 0 for k in fields) and status["NoNewPrivs"].strip() == "1"
+    if status["Uid"].split() != [str(uid)] * 4 or status["Gid"].split() != [str(gid)] * 4 or not dropped:
+        sys.stderr.write("inside.py: could not drop to uid %d gid %d with no capabilities\n" % (uid, gid))
+        os._exit(126)
 
 
 def _start_relay(port, path):

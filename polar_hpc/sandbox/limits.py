@@ -3,9 +3,11 @@
 Where each bound is enforced (docs/sandbox.md has the table):
 - processes: `max_pids` through a pids cgroup when the gateway can create one (root, or a
   delegated cgroup v2 subtree); otherwise RLIMIT_NPROC set inside the sandbox's user namespace
-  (bwrap, apptainer), which the kernel counts per namespace but does not enforce for host root.
+  (bwrap, apptainer), which the kernel counts per namespace but does not enforce for host root
+  (a root gateway's harnesses run as `run_as` outside any user namespace: owner.py).
 - one file's size: RLIMIT_FSIZE (every backend).
-- the session's disk: the sandbox folder's size, checked every second while a command runs.
+- the session's disk: the sandbox folder's size (its /dev/shm included: bwrap and apptainer bind
+  the folder's `shm/` there), checked every 0.5 s while a command runs.
 - output kept: `max_output` bytes per stream; the rest is read and dropped.
 """
 

@@ -28,28 +28,36 @@ def _box(tmp_path: Path, network="none", gpus=False, image="img.sif", **settings
 
 def test_instance_start_isolated_with_overlay_binds_and_relay(tmp_path: Path) -> None:
     sb = _box(tmp_path, gpus=True)
+    sb.privileged = True  # a gateway running as root: harnesses run as 65534, never as root
     image = sb.resolve_image()
     argv = sb.instance_start_argv(image)
     ws, tmp = sb.workspace, sb.tmp
     assert argv == [
-        "apptainer", "instance", "start", "--contain", "--cleanenv", "--no-home", "--pid",
+        "apptainer", "instance", "start", "--containall", "--no-home", "--no-privs", "--security", "uid:65534,gid:65534",
         "--overlay", str(sb.root / "overlay"), "--bind", f"{ws}:{ws}", "--bind", f"{tmp}:/tmp",
-        "--bind", f"{INSIDE}:/.polar/inside.py:ro",
+        "--bind", f"{sb.root / 'shm'}:/dev/shm", "--bind", f"{INSIDE}:/.polar/inside.py:ro",
         "--net", "--network", "none", "--bind", f"{tmp_path / 'p.sock'}:/run/polar/proxy.sock",
         "--nv", str(tmp_path / "images" / "img.sif"), sb.instance,
     ]
     assert "--writable-tmpfs" not in argv
     assert sb.proxy_url("http://10.0.0.1:8000") == "http://127.0.0.1:47111"
+    exec_argv = sb._wrap(sb._launcher(["true"]))
+    assert exec_argv[:5] == ["apptainer", "exec", "--cleanenv", "--no-privs", "--security"]
+    assert exec_argv[5] == "uid:65534,gid:65534"
+    assert "--nproc" in exec_argv  # no pids cgroup here: RLIMIT_NPROC, shared by every sandbox of that uid
 
 
 def test_host_network_no_gpu_and_exec_stop_lines(tmp_path: Path) -> None:
     sb = _box(tmp_path, network="host")
+    sb.privileged = False  # a gateway that is not root: its own user, in a user namespace
     argv = sb.instance_start_argv("docker://python:3.11")
+    assert "--security" not in argv and argv[3:6] == ["--containall", "--no-home", "--no-privs"]
     assert "--net" not in argv and "--nv" not in argv and "/run/polar/proxy.sock" not in " ".join(argv)
     assert sb.proxy_url("http://10.0.0.1:8000") == "http://10.0.0.1:8000"
     exec_argv = sb._wrap(sb._launcher(["/bin/sh", "-c", "echo hi"]))
-    assert exec_argv[:6] == ["apptainer", "exec", "--cleanenv", "--pwd", str(sb.workspace), f"instance://{sb.instance}"]
-    assert exec_argv[6:8] == ["python3", "/.polar/inside.py"]
+    assert exec_argv[:7] == ["apptainer", "exec", "--cleanenv", "--no-privs", "--pwd", str(sb.workspace),
+                             f"instance://{sb.instance}"]
+    assert exec_argv[7:9] == ["python3", "/.polar/inside.py"]
     assert exec_argv[-4:] == ["--", "/bin/sh", "-c", "echo hi"]
     assert "--nproc" in exec_argv and "--relay" not in exec_argv
     assert sb.instance_stop_argv() == ["apptainer", "instance", "stop", "--force", sb.instance]

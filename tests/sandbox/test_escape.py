@@ -1,14 +1,20 @@
-"""The escape suite: what a harness in a bwrap sandbox with network `none` must not be able to do.
+"""The escape suite: what a harness in a bwrap sandbox must not be able to do (docs/sandbox.md,
+"Threat model", names the test for each line).
 
-Runs real bwrap sandboxes; the proxy is played by a small HTTP server listening on a host loopback
-port and on a Unix socket (the real proxy's Unix socket is exercised in test_network_e2e.py).
+The first tests run real bwrap sandboxes directly (network `none`; the proxy is played by a small
+HTTP server on a host loopback port and a Unix socket). The last runs `escape_probe.py` as the
+harness through the real path (`polar-hpc run --service`, tasks submitted as a trainer would), once
+per network mode, next to a /dev/shm flood, a fork bomb and ordinary sessions that must complete.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -18,10 +24,14 @@ import pytest
 from aiohttp import web
 
 from e2e.helpers import live_processes_matching
+from bwrap_required import needs_bwrap
+from polar_hpc import security
+from polar_hpc.client import Client
 from polar_hpc.sandbox import Limits, bwrap
 from polar_hpc.sandbox.bwrap import BwrapSandbox
+from polar_hpc.shards.reader import iter_trajectories
 
-pytestmark = pytest.mark.skipif(not bwrap.available(), reason="bubblewrap not installed or not usable here")
+pytestmark = needs_bwrap
 
 PY = sys.executable
 
@@ -120,7 +130,7 @@ def test_other_sessions_and_host_paths(base: str) -> None:
         assert writes.stdout == b""
         assert not any(Path(p).exists() for p in ["/usr/polar-x", "/etc/polar-x", parent / "polar-x"])
         assert not (Path.home() / "polar-x").exists()
-        left = {Path(p).name for p in bwrap.host_tmp_dirs()}
+        left = {Path(p).name for p in bwrap.shown_dirs()}
         assert set(wipe.stdout.decode().split()) <= left  # its own /tmp is empty...
         assert host_tmp.read_text() == "host"  # ...the host's is untouched
         assert (other / "work" / "secret.txt").read_text() == "secret"
@@ -168,6 +178,74 @@ def test_disk_and_output_floods_are_bounded(tmp_path: Path) -> None:
     assert stdout.timed_out and len(stdout.stdout) == 4096
 
 
+@pytest.mark.parametrize("privileged", [True, False], ids=["root-gateway", "user-namespace"])
+def test_ram_filesystems_are_read_only_or_bounded(tmp_path: Path, privileged: bool) -> None:
+    """/dev is read-only, /dev/shm is the sandbox's folder on disk, /run and the covers hold 1 MiB at
+    most, whoever the command runs as (writable covers are what a gateway that is not root gets)."""
+    async def go():
+        sb = _box(tmp_path / "sb")
+        sb.privileged = privileged and os.geteuid() == 0
+        await sb.start()
+        r = await sb.exec("for d in /run /root /dev; do head -c 4000000 /dev/zero > $d/big 2>/dev/null;"
+                          " echo $d $(stat -c %s $d/big 2>/dev/null || echo none); done;"
+                          " head -c 5000000 /dev/zero > /dev/shm/big && echo shm ok", {}, 30)
+        shm = (sb.shm / "big").stat().st_size
+        assert await sb.stop()
+        return r, shm
+
+    r, shm = _run(go())
+    sizes = dict(line.split() for line in r.stdout.decode().splitlines())
+    assert sizes["/dev"] == "none" and sizes["shm"] == "ok", r
+    assert all(sizes[d] == "none" or int(sizes[d]) <= 1 << 20 for d in ("/run", "/root")), r
+    assert shm == 5000000  # on disk, in the sandbox's folder: the disk limit counts it
+
+
+EVIL_SO = """
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+__attribute__((constructor)) static void evil(void) {
+    FILE *f = fopen(getenv("EVIL_OUT"), "a");
+    if (f) { fprintf(f, "%d\\n", (int)getuid()); fclose(f); }
+}
+"""
+
+
+def test_task_environment_runs_no_code_before_the_drop(tmp_path: Path) -> None:
+    """A task's LD_PRELOAD, PYTHONPATH and PATH reach the command, never bwrap on the host nor
+    inside.py while it is root: each hook records the uid it ran as, on the host if it can."""
+    host_out = Path(f"/var/tmp/polar-evil-{os.getpid()}")
+    files = {"site/sitecustomize.py": tmp_path / "sitecustomize.py", "bin/bwrap": tmp_path / "bwrap"}
+    (tmp_path / "sitecustomize.py").write_text("import os\nopen(os.environ['EVIL_OUT'], 'a').write('%d\\n' % os.getuid())\n")
+    (tmp_path / "bwrap").write_text(f"#!/bin/sh\necho host-bwrap >> {host_out}\nexec /usr/bin/bwrap \"$@\"\n")
+    (tmp_path / "bwrap").chmod(0o755)
+    if shutil.which("cc"):
+        (tmp_path / "evil.c").write_text(EVIL_SO)
+        subprocess.run(["cc", "-shared", "-fPIC", "-o", tmp_path / "evil.so", tmp_path / "evil.c"], check=True)
+        files["evil.so"] = tmp_path / "evil.so"
+
+    async def go():
+        sb = BwrapSandbox(tmp_path / "sb", {k: str(v) for k, v in files.items()}, [], "none")
+        await sb.start()
+        ws = sb.workspace
+        env = {"PYTHONPATH": f"{ws}/site", "PATH": f"{ws}/bin:/usr/bin:/bin", "EVIL_OUT": str(host_out)}
+        if "evil.so" in files:
+            env["LD_PRELOAD"] = f"{ws}/evil.so"
+        first = await sb.exec(f"{PY} -c pass", env, 30)  # every hook tries the host first...
+        inside = await sb.exec(f"{PY} -c pass; cat who", env | {"EVIL_OUT": f"{ws}/who"}, 30)  # ...then its workspace
+        assert await sb.stop()
+        return first, inside
+
+    try:
+        first, inside = _run(go())
+        assert not host_out.exists(), host_out.read_text()
+    finally:
+        host_out.unlink(missing_ok=True)
+    assert first.returncode == 0, first.stderr
+    uids = inside.stdout.split()
+    assert uids and set(uids) == {b"65534" if os.geteuid() == 0 else str(os.getuid()).encode()}, inside
+
+
 def test_sigterm_ignorer_is_killed_at_the_deadline_and_nothing_survives_stop(tmp_path: Path) -> None:
     marker = f"7{os.getpid() % 100000:05d}3"
 
@@ -182,3 +260,144 @@ def test_sigterm_ignorer_is_killed_at_the_deadline_and_nothing_survives_stop(tmp
     assert r.timed_out and 1.4 < elapsed < 6
     assert clean
     assert not live_processes_matching(marker)
+
+
+# --- through the real gateway path: `polar-hpc run --service`, tasks submitted as a trainer would ----
+
+PROBE = Path(__file__).with_name("escape_probe.py")
+MODES = ("none", "proxy-only", "host")
+# The per-run engine API key and CURVE on `polar-hpc run`'s control port come from another branch;
+# until they are here, a harness on the host network still reaches both (asserted as an xfail).
+KEYS_LANDED = hasattr(security, "engine_env")
+
+
+def _wait_for(path: Path, job: subprocess.Popen, timeout_s: float = 60) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert job.poll() is None, job.stdout.read()
+        assert time.monotonic() < deadline, f"no {path}"
+        time.sleep(0.1)
+    return json.loads(path.read_text())
+
+
+def _plant() -> tuple[dict[Path, str], Path]:
+    """Files a harness must not see: in /root, /home and the host's /tmp, and another run's 0600 key."""
+    tag = f"polar-escape-{os.getpid()}"
+    planted = {Path(top) / tag: f"planted in {top}" for top in ("/root", "/home", "/tmp")}
+    for path, text in planted.items():
+        path.write_text(text)
+    other = Path(tempfile.mkdtemp(prefix="polar-other-run-", dir="/var/tmp"))
+    other.chmod(0o755)  # only the keys folder (0700) and the key (0600) protect it, as in a real run
+    (other / "keys").mkdir(mode=0o700)
+    key = other / "keys" / "server.json"
+    key.write_text("OTHER-RUN-SECRET")
+    key.chmod(0o600)
+    planted[key] = "OTHER-RUN-SECRET"
+    return planted, other
+
+
+def _probe_task(mode: str, spec: dict) -> dict:
+    return {"id": f"probe-{mode}", "instruction": "-", "timeout_s": 90, "sandbox": {"network": mode, "files": {
+        "probe.py": str(PROBE)}}, "harness": {"command": f"python probe.py {shlex.quote(json.dumps(spec))}"}}
+
+
+def test_escapes_through_the_gateway_in_every_network_mode(tmp_path: Path, calculator_dir: Path) -> None:
+    planted, other = _plant()
+    run_dir = Path(tempfile.mkdtemp(prefix="polar-escape-run-", dir="/var/tmp")) / "run"  # not behind the private /tmp
+    run_dir.parent.chmod(0o755)  # so that what hides the run directory is the sandbox, not its parent's mode
+    (tmp_path / "topology.yaml").write_text(f"sandbox:\n  max_pids: 64\n  max_disk_bytes: {256 << 20}\n")
+    job = subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", "--service", "-c", str(tmp_path / "topology.yaml"),
+                            "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        endpoint = _wait_for(run_dir / "rendezvous.json", job)["endpoint"]
+        engine = _wait_for(run_dir / ".engine.ready", job)["url"]
+        orch_at, engine_at = endpoint.removeprefix("tcp://"), engine.removeprefix("http://")
+        spec = {
+            "read": ["/etc/shadow", str(run_dir / "rendezvous.json"), str(run_dir / "tasks.jsonl"), *map(str, planted)],
+            "list": ["/root", "/home", str(run_dir), str(other / "keys")],
+            "write": ["/usr/polar-x", "/etc/polar-x", f"/var/tmp/polar-x-{os.getpid()}", "/polar-x", "/dev/polar-x",
+                      "/run/polar-x", "/root/polar-x", "/home/polar-x", str(other / "polar-x"), str(run_dir / "x")],
+            "unmount": ["/root"],
+        }
+        tasks = [_probe_task("host", spec | {"tcp": [engine_at, orch_at], "post": [engine + "/generate"],
+                                             "zmq": [endpoint]})]
+        tasks += [_probe_task(mode, spec | {"tcp": [engine_at, orch_at, "1.1.1.1:80"], "post": [engine + "/generate"]})
+                  for mode in ("none", "proxy-only")]
+        tasks += [
+            {"id": "shm", "instruction": "-", "timeout_s": 90, "harness": {"command":  # 32 x 64 MiB = 2 GiB
+             "for i in $(seq 32); do head -c 67108864 /dev/zero >> /dev/shm/flood || exit 3; echo $i >&2; done"}},
+            {"id": "bomb", "instruction": "-", "timeout_s": 60, "harness": {"command": "f() { f | f & }; f; sleep 100"}},
+            {"id": "calc", "instruction": "What is 6 * 7?", "num_samples": 2, "harness": {"command": "python agent.py"},
+             "sandbox": {"files": {"agent.py": str(calculator_dir / "agent.py")}},
+             "evaluator": {"kind": "regex", "pattern": "\\b42\\b"}},
+        ]
+        with Client(run_dir) as client:
+            client.wait(client.submit(tasks), timeout_s=240)
+            client.drain()
+        assert job.wait(60) == 0
+        by_task = {}
+        for t in iter_trajectories(run_dir):
+            by_task.setdefault(t.task_id, []).append(t)
+        untouched = {path: path.read_text() for path in planted}
+        written = [p for p in spec["write"] if Path(p).exists()]
+    finally:
+        job.kill()
+        job.wait()
+        shutil.rmtree(other)
+        shutil.rmtree(run_dir.parent)
+        for path in planted:
+            path.unlink(missing_ok=True)
+    reports = {}
+    for mode in MODES:
+        [t] = by_task[f"probe-{mode}"]
+        assert t.status == "completed", t.metadata
+        reports[mode] = json.loads(t.metadata["stderr_tail"].strip().splitlines()[-1])
+        _assert_contained(reports[mode], planted, run_dir, other)
+        _assert_network(reports[mode], mode, engine, engine_at, orch_at)
+    [shm] = by_task["shm"]
+    assert shm.metadata.get("error") == f"harness killed: disk limit exceeded (max_disk_bytes={256 << 20})", shm.metadata
+    assert int(shm.metadata["stderr_tail"].split()[-1]) < 32  # killed well before 2 GiB
+    [bomb] = by_task["bomb"]
+    assert bomb.status in ("error", "timeout"), bomb.metadata  # error: a pids cgroup ended it at once
+    assert bomb.status == "timeout" or bomb.metadata["error"] == "harness killed: process limit reached (max_pids=64)"
+    assert [(t.status, t.reward) for t in by_task["calc"]] == [("completed", 1.0)] * 2  # other sessions still run
+    assert untouched == planted
+    assert written == []
+    if not KEYS_LANDED:
+        host = reports["host"]
+        pytest.xfail(f"no per-run engine key / CURVE in local runs yet: engine {host['post']}, control port {host['zmq']}")
+
+
+def _assert_contained(report: dict, planted: dict, run_dir: Path, other: Path) -> None:
+    """What every network mode must hold: an unprivileged user seeing only its own environment."""
+    status = report["status"]
+    uid = 65534 if os.geteuid() == 0 else os.getuid()
+    assert status["Uid"] == [str(uid)] * 4 and "0" not in status["Uid"], status  # not root on the host
+    assert all(int(status[k][0], 16) == 0 for k in ("CapPrm", "CapEff")), status
+    assert status["NoNewPrivs"] == ["1"], status  # a setuid binary cannot give root back
+    if os.geteuid() == 0:
+        assert int(status["CapBnd"][0], 16) == 0, status
+    assert not any(v.startswith("ok:") for v in report["read"].values()), report["read"]
+    listed = report["list"]
+    assert all(p.name not in listed[top] for p in planted for top in ("/root", "/home")), listed
+    assert listed[str(run_dir)] == "ok:[]", listed  # hidden behind an empty cover
+    assert listed[str(other / "keys")] == "PermissionError", listed
+    sessions = listed[report["sessions"]]
+    assert sessions.startswith("ok:[") and sessions.count(",") == 0, sessions  # only its own session
+    writes = report["write"]
+    assert [p for p, v in writes.items() if v.startswith("ok:")] == [p for p in writes if p.endswith("/mine.txt")]
+    assert all(p.name not in v for p in planted for v in report["unmount"].values()), report["unmount"]
+
+
+def _assert_network(report: dict, mode: str, engine: str, engine_at: str, orch_at: str) -> None:
+    assert report["proxy"] == "ok:200", report  # the proxy, and only it, in every mode
+    tcp = report["tcp"]
+    if mode != "host":
+        assert tcp[engine_at] == tcp[orch_at] == "ConnectionRefusedError", tcp  # a loopback of its own
+        assert tcp["1.1.1.1:80"] == "OSError", tcp  # Network is unreachable
+        assert report["post"][engine + "/generate"] == "URLError", report["post"]
+        return
+    assert tcp[engine_at] == tcp[orch_at] == "ok:connected", tcp  # `host` shares the host's network
+    if KEYS_LANDED:  # with the run's keys: the engine refuses a caller without its key, the control port a peer without CURVE
+        assert report["post"][engine + "/generate"] == "ok:401", report["post"]
+        assert report["zmq"][f"tcp://{orch_at}"] == "ok:no answer", report["zmq"]

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from conftest import polar
-from polar_hpc.sandbox import bwrap
+from bwrap_required import needs_bwrap
 from polar_hpc.shards.reader import iter_trajectories
 
 
-@pytest.mark.skipif(not bwrap.available(), reason="bubblewrap not installed or not usable here")
+@needs_bwrap
 def test_network_none_run(tmp_path: Path, calculator_dir: Path) -> None:
     shutil.copy(calculator_dir / "agent.py", tmp_path)  # sandbox files come from the task file's folder
     none = {"network": "none"}

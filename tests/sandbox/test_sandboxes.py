@@ -7,15 +7,17 @@ import os
 import time
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from e2e.helpers import live_processes_matching
-from polar_hpc.sandbox import Limits, SandboxError, bwrap
+from bwrap_required import AVAILABLE, needs_bwrap
+from polar_hpc.config import SandboxConfig
+from polar_hpc.sandbox import Limits, SandboxError, backend
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.sandbox.none import NoneSandbox
 
-BACKENDS = [NoneSandbox, pytest.param(BwrapSandbox, marks=pytest.mark.skipif(
-    not bwrap.available(), reason="bubblewrap not installed or not usable here"))]
+BACKENDS = [NoneSandbox, pytest.param(BwrapSandbox, marks=needs_bwrap)]
 
 
 def _run(coro):
@@ -66,7 +68,41 @@ def test_timeout_kills_the_whole_tree(cls, tmp_path: Path) -> None:
     assert not live_processes_matching(marker)
 
 
-@pytest.mark.skipif(not bwrap.available(), reason="bubblewrap not installed or not usable here")
+@needs_bwrap
+def test_bwrap_runs_here() -> None:
+    assert AVAILABLE, "bubblewrap is missing or cannot create namespaces here (apt-get install bubblewrap)"
+
+
+@needs_bwrap
+def test_topology_names_the_user_a_root_gateway_runs_harnesses_as(tmp_path: Path) -> None:
+    factory, _ = backend(SandboxConfig(backend="bwrap", run_as_uid=1234, run_as_gid=4321), tmp_path)
+    assert factory(tmp_path / "sb", {}, [], "proxy-only").run_as == (1234, 4321)
+    with pytest.raises(pydantic.ValidationError, match="run_as_uid"):
+        SandboxConfig(run_as_uid=0)  # root is never a harness's user
+
+
+@needs_bwrap
+def test_what_the_gateway_writes_into_the_workspace_is_the_harness_s(tmp_path: Path) -> None:
+    """A harness's config folder written by a root gateway (presets) stays writable for the harness."""
+    async def go():
+        sb = BwrapSandbox(tmp_path / "sb", {}, [], "none")
+        await sb.start()
+        (sb.workspace / ".codex").mkdir()
+        (sb.workspace / ".codex" / "config.toml").write_text("model = 'x'\n")
+        os.symlink("/etc/passwd", sb.workspace / "passwd")  # given as a link, never followed
+        r = await sb.exec("echo s >> .codex/config.toml && touch .codex/sessions && id -u", {}, 10)
+        owners = {p.name: p.lstat().st_uid for p in (sb.workspace / ".codex", sb.workspace / "passwd")}
+        assert await sb.stop()
+        return r, owners
+
+    r, owners = _run(go())
+    assert r.returncode == 0, r.stderr
+    uid = 65534 if os.geteuid() == 0 else os.getuid()
+    assert r.stdout == f"{uid}\n".encode() and set(owners.values()) == {uid}
+    assert Path("/etc/passwd").stat().st_uid == 0
+
+
+@needs_bwrap
 def test_bwrap_isolation(tmp_path: Path) -> None:
     host_file = Path("/tmp") / f"polar-host-{os.getpid()}"
     host_file.write_text("host")

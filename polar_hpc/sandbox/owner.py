@@ -1,0 +1,67 @@
+"""Who a harness runs as on the host: never root. `RunsAs` is the base of the container backends.
+
+A gateway that is not root runs harnesses as its own user (in a user namespace, without
+capabilities). A gateway running as root (as in CI) runs them as `run_as` (the topology's
+`sandbox.run_as_uid/gid`, 65534:65534 by default); each backend says how (bwrap: `inside.py
+--user`; apptainer: `--security uid:N,gid:N`). The sandbox's tmp and /dev/shm folders are given
+to that user at start, and its workspace, with all the gateway put there (uploads, a harness's
+config files), before each command; never following a link. No process of a sandbox runs between
+two of its commands (each command's PID namespace dies with it), so nothing inside can swap a path
+while the gateway walks it, and a hard link can only name a file of the workspace itself (link(2)
+does not cross the workspace's bind mount).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from polar_hpc.sandbox.base import ExecResult, Sandbox
+
+NOBODY = (65534, 65534)
+
+
+def give(path: Path, uid: int, gid: int) -> None:
+    """Make `path` and everything under it owned by uid:gid, never following a symbolic link."""
+    os.chown(path, uid, gid, follow_symlinks=False)
+    if path.is_symlink() or not path.is_dir():
+        return
+    for _, dirs, files, fd in os.fwalk(path):  # fwalk does not follow links, even swapped in later
+        for name in dirs + files:
+            os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False)
+
+
+class RunsAs(Sandbox):
+    """A sandbox whose commands run as `run_as` when the gateway is root; `shm` is its /dev/shm,
+    a folder of the sandbox (on disk, counted in the disk limit, unlike a RAM tmpfs)."""
+
+    def __init__(self, *args, run_as: tuple[int, int] = NOBODY, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.privileged = os.geteuid() == 0
+        self.run_as = run_as
+        self.shm = self.root / "shm"
+
+    @property
+    def user_namespace(self) -> bool:  # as root, commands run as `run_as` outside any user namespace
+        return not self.privileged
+
+    def _launcher(self, argv: list[str]) -> list[str]:
+        args = super()._launcher(argv)
+        if self.privileged and self._cgroup is None:  # the one bound left, shared by every sandbox of run_as
+            args[2:2] = ["--nproc", str(self.limits.max_pids)]
+        return args
+
+    async def _launch(self) -> None:
+        for folder in (self.workspace, self.tmp, self.shm):
+            folder.mkdir(parents=True, exist_ok=True)
+            if self.privileged:
+                give(folder, *self.run_as)
+
+    async def exec(
+        self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None
+    ) -> ExecResult:
+        if self.privileged:  # what the gateway put there since (uploads, a harness's config files)
+            give(self.workspace, *self.run_as)
+            if self.relayed and self.proxy_socket.exists():  # connectable; its host folder stays closed
+                self.proxy_socket.chmod(0o666)
+        return await super().exec(command, env, timeout_s, max_output)
