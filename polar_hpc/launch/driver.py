@@ -77,7 +77,10 @@ def drive(run_dir: Path) -> int:
         signal.signal(sig, lambda signum, _frame: signals.append(signum))
     job = os.environ.get("SLURM_JOB_ID")
     if job:
-        record_job(job, run_dir)
+        try:
+            record_job(job, run_dir)
+        except OSError as e:  # e.g. a read-only home on the compute node: status RUN_DIR still works
+            print(f"cannot record job {job}: {e}", flush=True)
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
     _record(run_dir, "start", job=job, restart=restart)
     outcome, why = "error", "the driver failed (its log: the job's output)"

@@ -26,7 +26,7 @@ from rich.table import Table
 from polar_hpc import security, wire
 from polar_hpc.launch.rundir import resolve
 from polar_hpc.launch.slurm import ACTIVE, job_state
-from polar_hpc.orchestrator.journal import progress
+from polar_hpc.orchestrator.journal import progress, read_jsonl
 
 
 def ask(run_dir: Path, msg: wire.Message, timeout_s: float = 3.0) -> wire.AnyMessage | None:
@@ -77,7 +77,7 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
     p = progress(run_dir)
     lines = [f"orchestrator not reachable; from the journal: {sum(p.ended.values())} of {p.total} sessions "
              f"ended ({_states(dict(p.ended))}), {p.left} never ended"]
-    lives = _driver_events(run_dir)
+    lives = read_jsonl(run_dir / "journal" / "driver.jsonl")
     last = lives[-1] if lives else None
     if state in ACTIVE:
         lines.append(f"the job is {state}: its orchestrator is not up (yet); it continues from the journal")
@@ -97,17 +97,6 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
     return lines
 
 
-def _driver_events(run_dir: Path) -> list[dict]:
-    path = run_dir / "journal" / "driver.jsonl"
-    events = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            events.append(json.loads(line))
-        except ValueError:  # a line cut short by a kill
-            continue
-    return events
-
-
 def _states(states: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"
 
@@ -116,6 +105,9 @@ def cancel(target: str, console: Console, wait_s: float = 60.0) -> None:
     run_dir, job_id = resolve(target)
     if job_id is not None:
         state, code = job_state(job_id)
+        if state == "UNKNOWN":
+            console.print(f"Slurm no longer knows job {job_id} (it ended long ago); nothing to cancel")
+            return
         if state not in ACTIVE:
             console.print(f"job {job_id} has already ended ({state}{f', exit code {code}' if code else ''}); "
                           "nothing to cancel")

@@ -16,7 +16,8 @@ then a shard record of an assigned attempt, not requeued, whose status is comple
 timeout becomes that key's `result` (with `"adopted": true`), so it is neither run again nor
 duplicated. A service run also journals each
 task a trainer added (`submitted`, with its batch) and `drain`; `service_events` reads them back.
-`progress` counts sessions and results for `polar-hpc status` and the Slurm driver.
+`progress` counts sessions and results for `polar-hpc status` and the Slurm driver; `read_jsonl`
+reads any such log (the driver's `journal/driver.jsonl` too).
 """
 
 from __future__ import annotations
@@ -149,8 +150,11 @@ def service_events(run_dir: Path) -> tuple[list[dict], bool]:
 
 
 def _events(run_dir: Path) -> list[dict]:
-    """Every whole event of the journal (a line cut short by a crash is skipped)."""
-    path = _path(run_dir)
+    return read_jsonl(_path(run_dir))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every whole JSON object of a JSON-lines log (a line cut short by a crash is skipped)."""
     events = []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:

@@ -12,7 +12,7 @@ import zmq
 from polar_hpc import wire
 from polar_hpc.shards.reader import iter_trajectories
 from polar_hpc.shards.writer import ShardWriter
-from tests.orchestrator.helpers import next_message, start_orchestrator
+from tests.orchestrator.helpers import start_orchestrator
 from tests.shards.helpers import make_trajectory
 
 TASK = {"id": "t", "instruction": "hi", "num_samples": 5, "harness": {"command": "true"}}
@@ -44,13 +44,14 @@ def test_a_sealed_result_of_an_interrupted_attempt_is_adopted_not_rerun(tmp_path
     try:
         gw = ctx.socket(zmq.DEALER)
         gw.connect(endpoint)
-        gw.send(wire.encode(wire.Hello(gateway_id="gw-c", host="h", slots=8)))
-        gw.send(wire.encode(wire.Credit(n=8)))
-        got = sorted((a.session.sample_index, a.session.attempt) for a in
-                     [next_message(gw, wire.Assign) for _ in range(3)])
-        assert got == [(2, 1), (3, 2), (4, 1)]  # samples 0 and 1 are not run again
-        gw.send(wire.encode(wire.StatusRequest()))
-        status = next_message(gw, wire.StatusReply)
+        for msg in (wire.Hello(gateway_id="gw-c", host="h", slots=8), wire.Credit(n=8), wire.StatusRequest()):
+            gw.send(wire.encode(msg))
+        got: list = []
+        while not any(isinstance(m, wire.StatusReply) for m in got) and gw.poll(5000):
+            got.append(wire.decode(gw.recv()))  # in order: the dispatch first, then the reply
+        sessions = sorted(m.session.session_id for m in got if isinstance(m, wire.Assign))
+        assert sessions == ["t#2.1", "t#3.2", "t#4.1"]  # samples 0 and 1 are not run again
+        status = next(m for m in got if isinstance(m, wire.StatusReply))  # answered after the dispatch
         assert status.states == {"completed": 2, "assigned": 3}
     finally:
         proc.kill()
