@@ -83,9 +83,12 @@ def drive(run_dir: Path) -> int:
             print(f"cannot record job {job}: {e}", flush=True)
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
     _record(run_dir, "start", job=job, restart=restart)
-    outcome, why = "error", "the driver failed (its log: the job's output)"
+    outcome, why = "error", "the driver failed"
     try:
         outcome, why = _life(run_dir, topology, signals, restart, topology.slurm.requeue and bool(job))
+    except BaseException as e:
+        why = f"the driver failed: {e!r} (its traceback: the job's output)"
+        raise
     finally:
         code = 0 if outcome in ("finished", "requeued") else 1
         _record(run_dir, "end", outcome=outcome, why=why, left=progress(run_dir).left, code=code)
@@ -131,8 +134,8 @@ def _life(run_dir: Path, topology, signals: list[int], restart: str, requeue: bo
             outcome = "requeued" if requeue and signals[0] == signal.SIGUSR2 else "signal"
             why = f"got signal {signals[0]} ({signal.Signals(signals[0]).name})"
         if outcome != "finished":
-            print(f"{why}: {'giving up' if outcome == 'gave_up' else 'stopping'}; "
-                  "the next start resumes from the journal", flush=True)
+            print(f"{why}: {'giving up' if outcome == 'gave_up' else 'stopping'} ({outcome}); "
+                  "a next life of the job resumes from the journal", flush=True)
         return outcome, why
     finally:
         procs.stop([orchestrator], grace_s=10)

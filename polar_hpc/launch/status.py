@@ -84,13 +84,13 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
         return lines
     if last is None:
         lines.append("no driver has started for this run")
-    elif last["event"] == "start":
+    elif last.get("event") != "end":
         lines.append(f"stopped: the driver of job {last.get('job')} ended without saying why: it was killed "
                      "(kill -9, out of memory, node failure); Slurm's state above")
-    elif last["outcome"] == "finished":
-        lines.append(f"finished: {last['why']}")
+    elif last.get("outcome") == "finished":
+        lines.append(f"finished: {last.get('why')}")
     else:
-        lines.append(f"stopped ({last['outcome']}): {last['why']}")
+        lines.append(f"stopped ({last.get('outcome')}): {last.get('why')}")
     if p.left and job_id is not None:
         lines.append(f"resume: polar-hpc resume {job_id}   (a new job; what ended is not redone; "
                      f"or `scontrol requeue {job_id}` while Slurm still lists the job)")

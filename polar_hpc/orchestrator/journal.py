@@ -178,6 +178,8 @@ def _last_byte(path: Path) -> bytes:
 
 def _key(session_id: str) -> tuple[str, int, int] | None:
     """`<task>#<sample>.<attempt>` -> (task, sample, attempt)."""
+    if not isinstance(session_id, str):
+        return None
     task, _, rest = session_id.rpartition("#")
     sample, _, attempt = rest.partition(".")
     if not task or not sample.isdigit() or not attempt.isdigit():

@@ -98,3 +98,12 @@ def test_dry_run_refuses_a_run_dir_that_holds_a_run_as_submit_does(calculator_di
     status = polar("status", run_dir)  # prepared for sbatch by hand, not started yet
     assert status.returncode == 0 and "none has started for this run yet" in status.stdout, status
     assert "0 of 8 sessions ended (none), 8 never ended" in status.stdout and "no driver has started" in status.stdout
+    # logs cut by a kill, or damaged: read as far as they are whole, never a traceback
+    (run_dir / "journal" / "driver.jsonl").write_text('{"event": "start", "job": "77"}\n[1, 2]\n{"event": "en')
+    (run_dir / "journal" / "orchestrator.jsonl").write_text(
+        '{"event": "result", "session": 5}\nnot json\n{"event": "result", "session": "calculator-basic#0.0", '
+        '"status": "completed"}\n{"event": "queued", "session": "calculator-basic#1.0"')
+    status = polar("status", run_dir)
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status
+    assert "1 of 8 sessions ended (completed 1), 7 never ended" in status.stdout, status.stdout
+    assert "the driver of job 77 ended without saying why: it was killed" in status.stdout, status.stdout

@@ -95,6 +95,7 @@ def test_calculator_hetjob(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     assert (run_dir / "keys" / "client.json").stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.timeout(300)  # two lives of the job
 def test_requeue_resumes_from_the_journal(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     tasks = _calculator(tmp_path, calculator_dir, 16, slow_postrun=True)
     job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=15)
@@ -130,6 +131,7 @@ def test_killed_gateway_step_is_restarted(slurm, tmp_path: Path, calculator_dir:
     assert json.loads((run_dir / "job.json").read_text())["job_id"] == job_id
 
 
+@pytest.mark.timeout(300)  # two lives of the job
 def test_preemption_signal_requeues_and_resumes(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     """The job's `--signal=B:USR2` (sent here by hand, as at the time limit): the driver journals,
     stops and requeues the job, which resumes."""
