@@ -146,6 +146,7 @@ def test_preemption_signal_requeues_and_resumes(slurm, tmp_path: Path, calculato
     assert f"got signal {int(signal.SIGUSR2)}" in driver_log and "restart 1" in driver_log, driver_log
 
 
+@pytest.mark.timeout(240)  # 40 sessions, then status and a second cancel
 def test_cancel_stops_the_job_cleanly(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 40), token_delay_ms=30)
     wait_for("a first result", lambda: results(run_dir), 120, 0.2)
