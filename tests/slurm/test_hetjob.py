@@ -220,6 +220,7 @@ def test_killed_driver_is_told_and_resumed(slurm, tmp_path: Path, calculator_dir
     assert done.returncode == 2 and "nothing to resume: all 8 sessions of the run have ended" in done.stderr
 
 
+@pytest.mark.timeout(240)  # a job, then four status calls
 def test_a_job_submitted_by_hand_is_found(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     """`polar-hpc sbatch` + sbatch: the driver records the job, so `status JOBID` and `status RUN` find it."""
     run_dir = tmp_path / "run"
