@@ -134,14 +134,26 @@ def submit(
     def go() -> None:
         if dry_run:
             from polar_hpc.config import load_topology
-            from polar_hpc.launch.rundir import load_run_tasks
+            from polar_hpc.launch.rundir import check_new, load_run_tasks
 
             topology = load_topology(config)
             load_run_tasks(tasks, topology)
-            target = (run_dir or Path(topology.run_dir or "runs/DRY-RUN")).resolve()
+            target = check_new((run_dir or Path(topology.run_dir or "runs/DRY-RUN")).resolve())
             typer.echo(slurm.dry_run(topology, target), nl=False)
             return
         job_id, where = slurm.submit(tasks, config, run_dir)
+        typer.echo(f"submitted job {job_id}\nrun directory {where}\nfollow it: polar-hpc status {job_id}")
+
+    _guard(go)
+
+
+@app.command()
+def resume(target: str = typer.Argument(..., help="Run directory or Slurm job id of a run whose job has ended.")) -> None:
+    """Submit a new job for a run that stopped before its sessions ended; it continues from the journal."""
+    from polar_hpc.launch import slurm
+
+    def go() -> None:
+        job_id, where = slurm.resume(target)
         typer.echo(f"submitted job {job_id}\nrun directory {where}\nfollow it: polar-hpc status {job_id}")
 
     _guard(go)

@@ -2,12 +2,20 @@
 
 `prepare(tasks_path, topology_path, run_dir)` validates both files first (ConfigError on bad
 input, nothing created), then makes `<run>/` (mode 0700) with logs/, shards/, journal/,
-`tasks.jsonl` and `topology.yaml` (a service run: inbox/ too, and the task file is optional). The default folder is `./runs/<time>-<name>`; a folder that
-already holds a run is refused.
+`tasks.jsonl` and `topology.yaml` (a service run: inbox/ too, and the task file is optional).
+The default folder is `./runs/<time>-<name>`; a folder that already holds a run is refused
+(`check_new`, also what `submit --dry-run` checks).
+
+A Slurm run records its job: `<run>/job.json` {"job_id"} and `~/.polar-hpc/jobs/<job id>` (the run
+dir; `$POLAR_HPC_HOME` overrides the folder), written by `submit` and again by the driver when the
+job starts (so a job submitted by hand with `polar-hpc sbatch` is found too). `resolve` maps a run
+directory or a job id back to (run dir, job id).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
@@ -24,9 +32,7 @@ def prepare(tasks_path: Path | None, topology_path: Path | None, run_dir: Path |
     tasks = load_run_tasks(tasks_path, topology)
     name = "service" if tasks_path is None else tasks[0].id if len(tasks) == 1 else tasks_path.stem
     chosen = run_dir or (Path(topology.run_dir) if topology.run_dir else None)
-    run_dir = (chosen or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}").resolve()
-    if (run_dir / "tasks.jsonl").exists():
-        raise ConfigError(f"--run-dir {run_dir}: already holds a run; choose a new folder")
+    run_dir = check_new((chosen or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}").resolve())
     for sub in ("logs", "shards", "journal") + (("inbox",) if topology.service.enabled else ()):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     run_dir.chmod(0o700)
@@ -48,3 +54,33 @@ def load_run_tasks(tasks_path: Path | None, topology: Topology) -> list[Task]:
                               "may start without one")
         return []
     return load_tasks(tasks_path)
+
+
+def check_new(run_dir: Path) -> Path:
+    if (run_dir / "tasks.jsonl").exists():
+        raise ConfigError(f"--run-dir {run_dir}: already holds a run; choose a new folder "
+                          f"(or `polar-hpc resume {run_dir}` to continue it)")
+    return run_dir
+
+
+def job_index() -> Path:
+    return Path(os.environ.get("POLAR_HPC_HOME", Path.home() / ".polar-hpc")) / "jobs"
+
+
+def record_job(job_id: str, run_dir: Path) -> None:
+    (run_dir / "job.json").write_text(json.dumps({"job_id": job_id}))
+    job_index().mkdir(parents=True, exist_ok=True)
+    (job_index() / job_id).write_text(str(run_dir))
+
+
+def resolve(target: str) -> tuple[Path, str | None]:
+    """(run directory, its latest job id or None) for a run directory or a job id."""
+    path = Path(target)
+    if not (path / "tasks.jsonl").exists():
+        entry = job_index() / target
+        if not entry.exists():
+            raise ConfigError(f"{target}: neither a run directory nor a job id of a run started from here "
+                              "(a job submitted by hand is known once its driver has started)")
+        path = Path(entry.read_text().strip())
+    job = path / "job.json"
+    return path.resolve(), json.loads(job.read_text())["job_id"] if job.exists() else None

@@ -7,14 +7,14 @@ submitit `SlurmExecutor` that writes the `#SBATCH hetjob` block after component 
 `HetSlurmJob` maps sacct's `ID+0` row to `ID` (stock submitit would read a hetjob's state as
 UNKNOWN forever). `render_sbatch` gives the same job as a plain sbatch script (slurm/ template)
 for teams that submit by hand. `submit` prepares the run directory (0700) with per-run CURVE keys,
-submits, records `<run>/job.json` and an index entry so `status JOBID` finds the run.
+submits, records `<run>/job.json` and an index entry so `status JOBID` finds the run. `resume`
+submits a new job for a run whose job has ended before its sessions did (refused while a job of
+the run is still queued or running); it continues from the journal. `job_state` is Slurm's word
+on a job: squeue while it is queued, else sacct (state, exit code).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
 import shlex
 import shutil
 import subprocess
@@ -26,12 +26,14 @@ from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
 
 from polar_hpc import security
-from polar_hpc.config import ConfigError, SlurmComponent, SlurmConfig, Topology
-from polar_hpc.launch.driver import drive
-from polar_hpc.launch.rundir import prepare
+from polar_hpc.config import ConfigError, SlurmComponent, SlurmConfig, Topology, load_topology
+from polar_hpc.launch.driver import job_main
+from polar_hpc.launch.rundir import prepare, record_job, resolve
+from polar_hpc.orchestrator.journal import progress
 
 TEMPLATES = Path(__file__).resolve().parent.parent.parent / "slurm"
-JOB_INDEX = Path(os.environ.get("POLAR_HPC_HOME", Path.home() / ".polar-hpc")) / "jobs"
+ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
+          "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")  # the job may still run
 
 
 class HetInfoWatcher(SlurmInfoWatcher):
@@ -131,16 +133,42 @@ def prepare_run(tasks_path: Path | None, topology_path: Path | None, run_dir: Pa
 
 def submit(tasks_path: Path | None, topology_path: Path | None, run_dir: Path | None) -> tuple[str, Path]:
     """Submit the run; a job Slurm refuses leaves no run directory behind (ConfigError)."""
-    if shutil.which("sbatch") is None:
-        raise ConfigError("submit: no `sbatch` here; run it on a Slurm login node (or --dry-run, or polar-hpc run)")
+    _need_sbatch("submit")
     run_dir, topology = prepare_run(tasks_path, topology_path, run_dir)
     try:
-        job = _executor(run_dir, topology).submit(drive, run_dir)
-    except (FailedJobError, OSError) as e:
+        return _submit_job(run_dir, topology, topology_path), run_dir
+    except ConfigError:
         shutil.rmtree(run_dir, ignore_errors=True)
-        raise ConfigError(f"{topology_path}: sbatch refused the job: {_last_line(str(e))}") from None
+        raise
+
+
+def resume(target: str) -> tuple[str, Path]:
+    """A new job for an existing run (a run directory or a job id); it resumes from the journal."""
+    _need_sbatch("resume")
+    run_dir, job_id = resolve(target)
+    state = job_state(job_id)[0] if job_id else ""
+    if state in ACTIVE:
+        raise ConfigError(f"{target}: job {job_id} of this run is {state}; one job per run "
+                          f"(`polar-hpc cancel {job_id}` first)")
+    topology = load_topology(run_dir / "topology.yaml")
+    p = progress(run_dir)
+    if p.total and not p.left and not topology.service.enabled:
+        raise ConfigError(f"{target}: nothing to resume: all {p.total} sessions of the run have ended")
+    return _submit_job(run_dir, topology, run_dir / "topology.yaml"), run_dir
+
+
+def _need_sbatch(command: str) -> None:
+    if shutil.which("sbatch") is None:
+        raise ConfigError(f"{command}: no `sbatch` here; run it on a Slurm login node (or --dry-run, or polar-hpc run)")
+
+
+def _submit_job(run_dir: Path, topology: Topology, source: Path | None) -> str:
+    try:
+        job = _executor(run_dir, topology).submit(job_main, run_dir)
+    except (FailedJobError, OSError) as e:
+        raise ConfigError(f"{source}: sbatch refused the job: {_last_line(str(e))}") from None
     record_job(job.job_id, run_dir)
-    return job.job_id, run_dir
+    return job.job_id
 
 
 def _last_line(message: str) -> str:
@@ -148,21 +176,14 @@ def _last_line(message: str) -> str:
     return next((x for x in reversed(lines) if "error" in x.lower()), lines[-1] if lines else message)
 
 
-def record_job(job_id: str, run_dir: Path) -> None:
-    (run_dir / "job.json").write_text(json.dumps({"job_id": job_id}))
-    JOB_INDEX.mkdir(parents=True, exist_ok=True)
-    (JOB_INDEX / job_id).write_text(str(run_dir))
-
-
-def job_state(job_id: str) -> str:
-    """Slurm's state of the job (its leader's, for a hetjob), e.g. RUNNING, COMPLETED: squeue for a
-    job in the queue, else sacct through the hetjob-aware watcher."""
+def job_state(job_id: str) -> tuple[str, str]:
+    """Slurm's (state, exit code) of the job (its leader's, for a hetjob), e.g. ("RUNNING", ""),
+    ("FAILED", "1:0"): squeue while it is queued, else sacct; ("UNKNOWN", "") when neither knows it."""
     queued = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True)
     if queued.returncode == 0 and queued.stdout.split():
-        return queued.stdout.split()[0]
-    logger = logging.getLogger("submitit")
-    level, logger.level = logger.level, logging.ERROR  # submitit warns on every failed sacct call
-    try:
-        return HetSlurmJob.watcher.get_state(job_id, mode="force")
-    finally:
-        logger.setLevel(level)
+        return queued.stdout.split()[0], ""
+    out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "JobID,State,ExitCode"],
+                         capture_output=True, text=True)
+    rows = {r[0]: r[1:] for r in (x.split("|") for x in out.stdout.splitlines()) if len(r) == 3}
+    state, code = rows.get(job_id) or rows.get(f"{job_id}+0") or ("UNKNOWN", "")
+    return (state.split() or ["UNKNOWN"])[0], code  # "CANCELLED by 0" -> CANCELLED

@@ -1,10 +1,14 @@
 """`polar-hpc status` and `polar-hpc cancel` for a Slurm run, named by run directory or job id.
 
-A job id is looked up in `~/.polar-hpc/jobs/` (written by submit). Status shows the Slurm state
-(sacct, hetjob rows mapped), then asks the orchestrator (over CURVE with the run's keys) for the
-engines and gateways (up, load), sessions by state, throughput and ETA; when it cannot be reached
-the sessions are counted from the journal. Cancel asks the orchestrator to shut the run down
-cleanly (gateways write what they hold, the driver exits) and falls back to `scancel`.
+A job id is looked up in `~/.polar-hpc/jobs/` (written by submit, and by the driver when a job
+starts). Status shows the Slurm state and exit code (squeue, else sacct), then asks the
+orchestrator (over CURVE with the run's keys) for the engines and gateways (up, load), sessions
+by state, throughput and ETA. When it cannot be reached it tells the run's story from the files:
+sessions ended (by status) and never ended, from the journal; why the last life of the job
+stopped, from `<run>/journal/driver.jsonl` (a start with no end: the driver was killed); and, for
+a run whose job has ended with sessions left, the command that resumes it. Cancel asks the
+orchestrator to shut the run down cleanly (gateways write what they hold, the driver exits) and
+falls back to `scancel`; a job that has already ended is said to be so at once.
 """
 
 from __future__ import annotations
@@ -12,28 +16,17 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections import Counter
 from pathlib import Path
 
 import zmq
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from polar_hpc import security, wire
-from polar_hpc.config import ConfigError
-from polar_hpc.launch.slurm import JOB_INDEX, job_state
-
-
-def resolve(target: str) -> tuple[Path, str | None]:
-    """(run directory, job id) for a run directory or a job id."""
-    path = Path(target)
-    if not (path / "tasks.jsonl").exists():
-        entry = JOB_INDEX / target
-        if not entry.exists():
-            raise ConfigError(f"{target}: neither a run directory nor a job id submitted from here")
-        path = Path(entry.read_text().strip())
-    job = path / "job.json"
-    return path.resolve(), json.loads(job.read_text())["job_id"] if job.exists() else None
+from polar_hpc.launch.rundir import resolve
+from polar_hpc.launch.slurm import ACTIVE, job_state
+from polar_hpc.orchestrator.journal import progress, read_jsonl
 
 
 def ask(run_dir: Path, msg: wire.Message, timeout_s: float = 3.0) -> wire.AnyMessage | None:
@@ -56,12 +49,17 @@ def ask(run_dir: Path, msg: wire.Message, timeout_s: float = 3.0) -> wire.AnyMes
 
 def show(target: str, console: Console) -> None:
     run_dir, job_id = resolve(target)
-    state = job_state(job_id) if job_id else "(not a Slurm run)"
-    console.print(f"run {run_dir}\nslurm job {job_id}: {state}")
+    state, code = job_state(job_id) if job_id else ("", "")
+    console.print(f"run {run_dir}")
+    if job_id is None:
+        console.print("slurm job: none has started for this run yet (a job submitted by hand with the "
+                      "`polar-hpc sbatch` script is recorded when its driver starts)", soft_wrap=True)
+    else:
+        console.print(f"slurm job {job_id}: {state}" + (f" (exit code {code})" if code else ""))
     reply = ask(run_dir, wire.StatusRequest())
     if not isinstance(reply, wire.StatusReply):
-        states = _journal_states(run_dir)
-        console.print(f"orchestrator not reachable; from the journal: {_states(states)}")
+        for line in story(run_dir, job_id, state):
+            console.print(escape(line), soft_wrap=True)
         return
     table = Table("kind", "name", "host", "up", "load", "detail")
     for m in reply.members:
@@ -74,26 +72,53 @@ def show(target: str, console: Console) -> None:
     console.print(f"throughput {reply.sessions_per_s * 60:.1f} sessions/min, ETA {eta}, tokens {reply.tokens}")
 
 
+def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
+    """What happened to a run whose orchestrator does not answer, from its files."""
+    p = progress(run_dir)
+    lines = [f"orchestrator not reachable; from the journal: {sum(p.ended.values())} of {p.total} sessions "
+             f"ended ({_states(dict(p.ended))}), {p.left} never ended"]
+    lives = read_jsonl(run_dir / "journal" / "driver.jsonl")
+    last = lives[-1] if lives else None
+    if state in ACTIVE:
+        lines.append(f"the job is {state}: its orchestrator is not up (yet); it continues from the journal")
+        return lines
+    if last is None:
+        lines.append("no driver has started for this run")
+    elif last.get("event") != "end":
+        lines.append(f"stopped: the driver of job {last.get('job')} ended without saying why: it was killed "
+                     "(kill -9, out of memory, node failure); Slurm's state above")
+    elif last.get("outcome") == "finished":
+        lines.append(f"finished: {last.get('why')}")
+    else:
+        lines.append(f"stopped ({last.get('outcome')}): {last.get('why')}")
+    if p.left and job_id is not None:
+        lines.append(f"resume: polar-hpc resume {job_id}   (a new job; what ended is not redone; "
+                     f"or `scontrol requeue {job_id}` while Slurm still lists the job)")
+    return lines
+
+
 def _states(states: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(states.items())) or "none"
 
 
-def _journal_states(run_dir: Path) -> dict[str, int]:
-    path = run_dir / "journal" / "orchestrator.jsonl"
-    events = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-    return dict(Counter(e["status"] for e in events if e.get("event") == "result"))
-
-
 def cancel(target: str, console: Console, wait_s: float = 60.0) -> None:
     run_dir, job_id = resolve(target)
+    if job_id is not None:
+        state, code = job_state(job_id)
+        if state == "UNKNOWN":
+            console.print(f"Slurm no longer knows job {job_id} (it ended long ago); nothing to cancel")
+            return
+        if state not in ACTIVE:
+            console.print(f"job {job_id} has already ended ({state}{f', exit code {code}' if code else ''}); "
+                          "nothing to cancel")
+            return
     ask(run_dir, wire.Shutdown(reason="polar-hpc cancel"))
     console.print(f"asked the orchestrator of {run_dir} to stop")
     if job_id is None:
         return
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        out = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True)
-        if out.returncode == 0 and not out.stdout.strip():
+        if job_state(job_id)[0] not in ACTIVE:
             console.print(f"job {job_id} ended")
             return
         time.sleep(1)

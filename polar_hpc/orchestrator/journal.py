@@ -8,21 +8,37 @@ attempt that counts; any other trajectory a gateway wrote for that key is a stra
 A `cancelled` result only counts when the session was cancelled on purpose; a session cut short
 because its gateway stopped is journaled as `interrupted` and runs again. `replay` reads the
 journal back when a requeued job starts again (`resumed`): keys with a result are not redone,
-the others are queued again with a higher attempt number. A service run also journals each task
-a trainer added (`submitted`, with its batch) and `drain`; `service_events` reads them back.
+the others are queued again with a higher attempt number. Before that it adopts what the earlier
+life finished but never journaled (a gateway wrote the trajectory after the orchestrator had
+stopped, e.g. a session in POSTRUN at a requeue): it first seals the temp shards killed gateways
+left (as their next writer would; nothing else writes shards before the orchestrator is up),
+then a shard record of an assigned attempt, not requeued, whose status is completed, error or
+timeout becomes that key's `result` (with `"adopted": true`), so it is neither run again nor
+duplicated. A service run also journals each
+task a trainer added (`submitted`, with its batch) and `drain`; `service_events` reads them back.
+`progress` counts sessions and results for `polar-hpc status` and the Slurm driver; `read_jsonl`
+reads any such log (the driver's `journal/driver.jsonl` too).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from polar_hpc.shards.reader import read_shard, shard_files
+from polar_hpc.shards.writer import ShardWriter
+
+ADOPTABLE = ("completed", "error", "timeout")  # `cancelled` in a shard is an attempt cut short
 
 
 class Journal:
     def __init__(self, run_dir: Path) -> None:
-        path = run_dir / "journal" / "orchestrator.jsonl"
+        path = _path(run_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         cut = path.exists() and path.stat().st_size > 0 and _last_byte(path) != b"\n"
         self._file = open(path, "a", buffering=1)
@@ -38,41 +54,120 @@ class Journal:
 
 def replay(run_dir: Path) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, int], int]]:
     """What an earlier life of the run left: the `result` event of each finished (task, sample),
-    and the highest attempt number seen for every key. Empty when the run is new."""
-    path = run_dir / "journal" / "orchestrator.jsonl"
+    adopted ones included (journaled here), and the highest attempt number seen for every key.
+    Empty when the run is new."""
     results: dict[tuple[str, int], dict] = {}
     attempts: dict[tuple[str, int], int] = {}
-    if not path.exists():
-        return results, attempts
-    for line in path.read_text().splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:  # a line cut short by a crash
-            continue
+    assigned: set[str] = set()
+    dead: set[str] = set()
+    for event in _events(run_dir):
         key = _key(event.get("session", ""))
         if key is None:
             continue
         attempts[key[:2]] = max(attempts.get(key[:2], -1), key[2])
-        if event.get("event") == "result":
+        kind = event.get("event")
+        if kind == "result":
             results.setdefault(key[:2], event)
+        elif kind == "assigned":
+            assigned.add(event["session"])
+        elif kind == "requeued":
+            dead.add(event.get("previous", ""))
+    if assigned - dead and any(k not in results for k in attempts):
+        adopted = _adopt(run_dir, results, assigned - dead)
+        if adopted:
+            journal = Journal(run_dir)
+            for event in adopted:
+                journal.write("result", **event)
+            journal.close()
+            results |= {(e["task"], e["sample"]): e for e in adopted}
     return results, attempts
+
+
+def _adopt(run_dir: Path, results: dict, candidates: set[str]) -> list[dict]:
+    """The first sealed record of each key without a result whose session is a candidate."""
+    adopted: dict[tuple[str, int], dict] = {}
+    shards = Path(run_dir) / "shards"
+    if not shards.is_dir():
+        return []
+    leftovers = {m[1] for p in shards.iterdir() if (m := re.fullmatch(r"\.(.+)-\d{6,}\.shard\.tmp", p.name))}
+    for writer_id in sorted(leftovers):
+        ShardWriter(shards, writer_id, 1 << 20, 60.0).close()  # seals what a killed gateway left
+    for shard in shard_files(shards):
+        for _, _, t in read_shard(shard, []):
+            key = (t.task_id, t.sample_index)
+            if t.session_id in candidates and t.status in ADOPTABLE and key not in results and key not in adopted:
+                adopted[key] = {"session": t.session_id, "task": t.task_id, "sample": t.sample_index,
+                                "attempt": t.attempt, "status": t.status, "reward": t.reward,
+                                "shard": shard.name, "n_tokens": t.n_tokens, "adopted": True}
+    return list(adopted.values())
+
+
+@dataclass
+class Progress:
+    """Sessions of a run as its journal (and task file) tell them."""
+
+    total: int = 0
+    ended: Counter = field(default_factory=Counter)  # status -> (task, sample) keys with a result
+    shutdown: dict | None = None  # the last `shutdown` event (a client, e.g. `polar-hpc cancel`)
+
+    @property
+    def left(self) -> int:
+        return self.total - sum(self.ended.values())
+
+
+def progress(run_dir: Path) -> Progress:
+    keys: set[tuple[str, int]] = set()
+    done: dict[tuple[str, int], str] = {}
+    p = Progress()
+    for event in _events(run_dir):
+        key = _key(event.get("session", ""))
+        if key is not None:
+            keys.add(key[:2])
+            if event.get("event") == "result":
+                done.setdefault(key[:2], event.get("status", "?"))
+        elif event.get("event") == "shutdown":
+            p.shutdown = event
+    p.total, p.ended = max(len(keys), _samples(run_dir)), Counter(done.values())
+    return p
+
+
+def _samples(run_dir: Path) -> int:
+    """Sessions the task file asks for (written by `prepare`, one validated task per line)."""
+    path = run_dir / "tasks.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return sum(json.loads(x).get("num_samples", 1) for x in lines if x.strip())
 
 
 def service_events(run_dir: Path) -> tuple[list[dict], bool]:
     """A service run's earlier life: its `submitted` events (batch, task, max_staleness) in order,
     and whether it was draining."""
-    path = run_dir / "journal" / "orchestrator.jsonl"
     submitted, drained = [], False
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if event.get("event") == "submitted":
-                submitted.append(event)
-            drained = drained or event.get("event") == "drain"
+    for event in _events(run_dir):
+        if event.get("event") == "submitted":
+            submitted.append(event)
+        drained = drained or event.get("event") == "drain"
     return submitted, drained
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return read_jsonl(_path(run_dir))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Every whole JSON object of a JSON-lines log (a line cut short by a crash is skipped)."""
+    events = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def _path(run_dir: Path) -> Path:
+    return Path(run_dir) / "journal" / "orchestrator.jsonl"
 
 
 def _last_byte(path: Path) -> bytes:
@@ -83,6 +178,8 @@ def _last_byte(path: Path) -> bytes:
 
 def _key(session_id: str) -> tuple[str, int, int] | None:
     """`<task>#<sample>.<attempt>` -> (task, sample, attempt)."""
+    if not isinstance(session_id, str):
+        return None
     task, _, rest = session_id.rpartition("#")
     sample, _, attempt = rest.partition(".")
     if not task or not sample.isdigit() or not attempt.isdigit():

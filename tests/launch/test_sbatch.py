@@ -75,7 +75,7 @@ def test_hetjob_state_is_read_from_its_leader_row() -> None:
 def test_status_and_cancel_of_an_unknown_run(tmp_path: Path) -> None:
     for command in ("status", "cancel"):
         out = polar(command, tmp_path / "nothing-here", env=dict(os.environ, POLAR_HPC_HOME=str(tmp_path)))
-        assert out.returncode == 2 and "neither a run directory nor a job id submitted from here" in out.stderr, out
+        assert out.returncode == 2 and "neither a run directory nor a job id of a run started from here" in out.stderr, out
 
 
 def test_submit_without_slurm_says_so(calculator_dir: Path, tmp_path: Path) -> None:
@@ -84,3 +84,26 @@ def test_submit_without_slurm_says_so(calculator_dir: Path, tmp_path: Path) -> N
                 "--run-dir", tmp_path / "run", env=env)
     assert out.returncode == 2 and "no `sbatch` here" in out.stderr, out
     assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_refuses_a_run_dir_that_holds_a_run_as_submit_does(calculator_dir: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = polar("sbatch", "-c", HERE / "topology.yaml", "--tasks", calculator_dir / "task.yaml", "--run-dir", run_dir)
+    assert out.returncode == 0, out.stderr
+    for command in (["submit", "--dry-run"], ["sbatch"]):
+        again = polar(*command, "-c", HERE / "topology.yaml", "--tasks", calculator_dir / "task.yaml",
+                      "--run-dir", run_dir)
+        assert again.returncode == 2 and f"--run-dir {run_dir}: already holds a run" in again.stderr, again
+        assert "#SBATCH" not in again.stdout and "Traceback" not in again.stderr
+    status = polar("status", run_dir)  # prepared for sbatch by hand, not started yet
+    assert status.returncode == 0 and "none has started for this run yet" in status.stdout, status
+    assert "0 of 8 sessions ended (none), 8 never ended" in status.stdout and "no driver has started" in status.stdout
+    # logs cut by a kill, or damaged: read as far as they are whole, never a traceback
+    (run_dir / "journal" / "driver.jsonl").write_text('{"event": "start", "job": "77"}\n[1, 2]\n{"event": "en')
+    (run_dir / "journal" / "orchestrator.jsonl").write_text(
+        '{"event": "result", "session": 5}\nnot json\n{"event": "result", "session": "calculator-basic#0.0", '
+        '"status": "completed"}\n{"event": "queued", "session": "calculator-basic#1.0"')
+    status = polar("status", run_dir)
+    assert status.returncode == 0 and "Traceback" not in status.stderr, status
+    assert "1 of 8 sessions ended (completed 1), 7 never ended" in status.stdout, status.stdout
+    assert "the driver of job 77 ended without saying why: it was killed" in status.stdout, status.stdout
