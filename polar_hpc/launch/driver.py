@@ -66,7 +66,7 @@ def drive(run_dir: Path) -> int:
     print(f"orchestrator at {endpoint}; restart {os.environ.get('SLURM_RESTART_COUNT', '0')}", flush=True)
     steps = _steps(run_dir, topology, endpoint)
     sock = zmq.Context.instance().socket(zmq.DEALER)
-    security.secure_client(sock, run_dir)
+    security.secure_client(sock, run_dir, security.ADMIN)
     sock.connect(endpoint)
     code = 0
     try:

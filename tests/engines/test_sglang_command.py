@@ -10,7 +10,7 @@ def test_command_line() -> None:
     engine = EngineConfig(kind="sglang", model="qwen3-8b", model_path="/models/Qwen3-8B", tp_size=4,
                           extra_args=["--mem-fraction-static", "0.8", "--tp-size", "2"])
     assert sglang.command(engine, "0.0.0.0", 30001, python="/venv/bin/python") == [
-        "/venv/bin/python", "-m", "sglang.launch_server", "--model-path", "/models/Qwen3-8B",
+        "/venv/bin/python", "-c", sglang.LAUNCH, "--model-path", "/models/Qwen3-8B",
         "--served-model-name", "qwen3-8b", "--host", "0.0.0.0", "--port", "30001", "--tp-size", "4",
         "--mem-fraction-static", "0.8", "--tp-size", "2",  # the user's args come last: they win
     ]

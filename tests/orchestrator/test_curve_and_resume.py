@@ -41,7 +41,7 @@ def _reply(sock: zmq.Socket, kind, timeout_s: float = 5.0):
 
 def _status(ctx, endpoint: str, run_dir: Path, timeout_s: float = 5.0):
     sock = ctx.socket(zmq.DEALER)
-    security.secure_client(sock, run_dir)
+    security.secure_client(sock, run_dir, security.ADMIN)
     sock.connect(endpoint)
     sock.send(wire.encode(wire.StatusRequest()))
     try:
