@@ -72,8 +72,12 @@ class Client:
         return self._sock
 
     def _ask(self, msg: wire.Message, timeout_s: float | None = None) -> wire.AnyMessage:
+        payload = wire.encode(msg)
+        if len(payload) > wire.MAX_MESSAGE_BYTES:  # the orchestrator would drop the connection
+            raise ConfigError(f"{type(msg).__name__} of {len(payload)} bytes is over the {wire.MAX_MESSAGE_BYTES} "
+                              "a message may carry; split it")
         sock = self._socket()
-        sock.send(wire.encode(msg))
+        sock.send(payload)
         wait = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + wait
         while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):

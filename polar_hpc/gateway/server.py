@@ -8,8 +8,7 @@ Without `engine_url` (Slurm mode) it waits for the orchestrator's first non-empt
 starts its proxy on the first URL; every later Engines is forwarded to the proxy. The orchestrator
 link uses the run's gateway CURVE key when the run has keys; the proxy alone gets the run's engine
 API key (in its environment). Both receive loops survive any message: one with the wrong frame
-count, too big (the proxy socket sets MAXMSGSIZE) or undecodable, of a kind the link does not
-carry, or on the proxy socket from any peer but the proxy (known by the secret routing id the
+count or undecodable, of a kind the link does not carry, or on the proxy socket from any peer but the proxy (known by the secret routing id the
 gateway gave it, `security.PROXY_LINK_ENV`), is logged and dropped.
 """
 
@@ -131,7 +130,6 @@ class _Gateway:
         if warning:
             log.warning(warning)
         proxy_sock = self.ctx.socket(zmq.ROUTER)
-        wire.limit_size(proxy_sock)
         proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
         proxy_sock.bind(proxy_endpoint)
         log.info("proxy link at %s", proxy_endpoint)

@@ -5,7 +5,7 @@ the gateway gave it in `security.PROXY_LINK_ENV` (the gateway takes messages fro
 sends a wire message at once, without waiting: the send queue is unbounded, so messages leave in
 the order `send` was called (every record of a session before its SessionClosed). `recv()` returns
 the next message and marks the gateway as heard for `liveness`; a malformed one (not one frame,
-over `wire.MAX_MESSAGE_BYTES`, undecodable) is logged and skipped. `close()` closes the
+undecodable) is logged and skipped. `close()` closes the
 socket, still delivering what is queued for up to half a second.
 """
 

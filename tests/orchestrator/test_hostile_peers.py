@@ -12,7 +12,7 @@ import pytest
 import zmq
 
 from polar_hpc import security, wire
-from tests.orchestrator.helpers import start_orchestrator
+from tests.orchestrator.helpers import reply, start_orchestrator
 from tests.orchestrator.hostile import raw_tcp_junk, send_junk
 
 TOPOLOGY = "gateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 5.0\n"
@@ -34,14 +34,7 @@ def _peer(ctx, endpoint: str, run_dir: Path, role: str) -> zmq.Socket:
     return sock
 
 
-def _reply(sock: zmq.Socket, kind, timeout_s: float = 5.0):
-    """The next message of type `kind` (skipping others), or None after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-        msg = wire.decode(sock.recv())
-        if isinstance(msg, kind):
-            return msg
-    return None
+_reply = reply
 
 
 def _ask(sock: zmq.Socket, msg: wire.Message, kind=wire.Message):
