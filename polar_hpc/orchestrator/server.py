@@ -4,8 +4,12 @@ It reads the run's tasks (`<run>/tasks.jsonl`), expands them into sessions, hand
 gateways that send credit, journals every state change, answers StatusRequest from clients, and
 requeues the sessions of a gateway that goes silent. Engine steps register (EngineHello) and
 heartbeat; the live engine URLs are relayed to every gateway (Engines). Its endpoint (and, in a
-Slurm run, its CURVE public key) is written to `<run>/rendezvous.json` (mode 0600, atomically)
-once it is bound; with `<run>/keys/` present every peer must hold the run's keys.
+run with keys, its CURVE public key) is written to `<run>/rendezvous.json` (mode 0600, atomically)
+once it is bound; with `<run>/keys/` present every peer must hold one of the run's role keys, and
+each message kind is taken only from the roles `ROUTES` (the dispatch table, keyed on the wire
+type) allows, news of a session only from the gateway running it; anything else, and any
+malformed multipart, is logged and dropped (answered `Refused` where the sender waits). Without
+keys it binds only to loopback.
 
 When the journal already holds an earlier life of the run (a requeued job), it resumes: finished
 (task, sample) keys are not redone, the others run again as new attempts. On SIGTERM it marks the
