@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from polar_hpc import security, wire
-from tests.orchestrator.helpers import next_message, start_orchestrator
+from tests.orchestrator.helpers import next_message, reply, start_orchestrator
 
 TASK = {"id": "t", "instruction": "hi", "num_samples": 1, "harness": {"command": "true"}}
 
@@ -40,9 +40,11 @@ def test_engine_step_registers_and_deregisters(tmp_path: Path) -> None:
         security.secure_client(admin, tmp_path, security.ADMIN)
         admin.connect(endpoint)
         gw.send(wire.encode(wire.Hello(gateway_id="g", host="h", slots=1)))
-        engines = _next(gw, wire.Engines)
-        while not engines.urls:
-            engines = _next(gw, wire.Engines)
+        engines, deadline = _next(gw, wire.Engines), time.monotonic() + 60
+        while not engines.urls:  # heartbeating as a gateway does, however long the step takes to start
+            assert time.monotonic() < deadline and step.poll() is None, "the engine step never registered"
+            gw.send(wire.encode(wire.Heartbeat(sender="g", t=time.time())))
+            engines = reply(gw, wire.Engines, 0.5) or engines
         (url,) = engines.urls
         with urllib.request.urlopen(url + "/health", timeout=5) as r:  # the URL serves the engine
             assert r.status == 200

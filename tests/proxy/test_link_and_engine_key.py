@@ -20,7 +20,7 @@ QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 
 def _ask(proxy, session_id: str) -> str:
     proxy.gateway.open(session_id, f"tok-{session_id}")
-    client = openai.OpenAI(base_url=proxy.base_url, api_key=f"tok-{session_id}", max_retries=0, timeout=20)
+    client = openai.OpenAI(base_url=proxy.base_url, api_key=f"tok-{session_id}", max_retries=0, timeout=90)
     return client.chat.completions.create(model=MODEL, messages=QUESTION).choices[0].message.content
 
 
@@ -35,7 +35,7 @@ def _status(url: str, body: dict | None, key: str | None) -> int:
 
 
 def test_any_multipart_from_the_gateway_end_leaves_the_link_alive(short_tmp, gateway, engine) -> None:
-    proxy = start_proxy(short_tmp, gateway, engine[0], name="hl")
+    proxy = start_proxy(short_tmp, gateway, engine[0], name="hl", mode="passthrough")
     try:
         for frames in JUNK + [[b"\0" * (wire.MAX_MESSAGE_BYTES + 1)], [wire.encode(wire.Assign(
                 session=wire.SessionSpec(session_id="s", task={}, sample_index=0, attempt=0, deadline=0.0)))]]:
@@ -49,7 +49,7 @@ def test_any_multipart_from_the_gateway_end_leaves_the_link_alive(short_tmp, gat
         stop(proxy.proc)
     log = (short_tmp / "hl.log").read_text()
     assert "ignoring a message from the gateway: 3 frames where 1 belong" in log
-    assert "51 frames where 1 belong" in log and "undecodable (67108865 bytes)" in log and "Traceback" not in log
+    assert "50 frames where 1 belong" in log and "undecodable (67108865 bytes)" in log and "Traceback" not in log
 
 
 def test_engine_takes_calls_only_with_the_run_key(short_tmp, gateway, monkeypatch) -> None:
