@@ -27,7 +27,7 @@ from polar_hpc import procs, security, wire
 
 def gateway(run_dir: str, endpoint: str, name: str, slots: int) -> None:
     sock = zmq.Context().socket(zmq.DEALER)
-    security.secure_client(sock, Path(run_dir))
+    security.secure_client(sock, Path(run_dir), security.GATEWAY)
     sock.connect(endpoint)
     sock.send(wire.encode(wire.Hello(gateway_id=name, host="bench", slots=slots)))
     sock.send(wire.encode(wire.Credit(n=slots)))
@@ -63,7 +63,7 @@ def measure(k: int, sessions: int, slots: int) -> dict:
     for g in gateways:
         g.start()
     client = zmq.Context.instance().socket(zmq.DEALER)
-    security.secure_client(client, run_dir)
+    security.secure_client(client, run_dir, security.ADMIN)
     client.connect(endpoint)
     try:
         while True:

@@ -67,7 +67,8 @@ def main() -> None:
         try:
             ready = run_dir / ".engine.ready"
             children.append(procs.spawn("engine", ["engine", "--port", "0", "--ready-file", str(ready),
-                                                   "--token-delay-ms", str(args.delay_ms)], run_dir / "engine.log"))
+                                                   "--token-delay-ms", str(args.delay_ms)], run_dir / "engine.log",
+                                        security.engine_env(run_dir)))
             url = procs.wait_ready(children[-1], ready)["url"]
             children.append(procs.spawn("orchestrator", ["orchestrator", "--run-dir", str(run_dir), "--engine-url", url],
                                         run_dir / "orchestrator.log"))

@@ -1,8 +1,9 @@
 """The trainer's handle on a running service job: `Client(run_dir)`.
 
-It finds the orchestrator through `<run>/rendezvous.json` and, in a run with `<run>/keys/`, speaks
-CURVE with the run's client key (a process that cannot read the run directory cannot connect).
-One request at a time, each answered by the orchestrator:
+It finds the orchestrator through `<run>/rendezvous.json` and speaks CURVE with the run's client key
+`<run>/keys/client.json` (a process that cannot read it cannot connect); that key may send the
+requests below and nothing else (not a gateway's Result, not Shutdown). One request at a time, each
+answered by the orchestrator (anything malformed in between is skipped):
 
 - `submit(tasks, batch_id=None, block=True) -> batch id`: tasks are dicts or config.Task, validated
   here first (ConfigError naming the task and field). The default batch id is derived from the task
@@ -66,17 +67,24 @@ class Client:
         if self._sock is None:
             self._sock = self._ctx.socket(zmq.DEALER)
             self._sock.setsockopt(zmq.LINGER, 0)
-            security.secure_client(self._sock, self.run_dir)
+            security.secure_client(self._sock, self.run_dir, security.CLIENT)
             self._sock.connect(self.endpoint)
         return self._sock
 
     def _ask(self, msg: wire.Message, timeout_s: float | None = None) -> wire.AnyMessage:
+        payload = wire.encode(msg)
+        if len(payload) > wire.MAX_MESSAGE_BYTES:  # the orchestrator would drop the connection
+            raise ConfigError(f"{type(msg).__name__} of {len(payload)} bytes is over the {wire.MAX_MESSAGE_BYTES} "
+                              "a message may carry; split it")
         sock = self._socket()
-        sock.send(wire.encode(msg))
+        sock.send(payload)
         wait = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + wait
         while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-            reply = wire.decode(sock.recv())
+            try:
+                reply = wire.unpack(sock.recv_multipart(), 1)
+            except wire.BadMessage:
+                continue
             if not isinstance(reply, wire.Heartbeat):
                 if isinstance(reply, wire.Refused):
                     raise ConfigError(reply.error)

@@ -16,7 +16,14 @@ shard records). Links:
 - proxy <-> gateway (DEALER -> ROUTER over ipc): ProxyHello, OpenSession -> SessionOpened,
   CloseSession -> SessionClosed, CallRecord, Heartbeat, Engines.
 
-TCP links of a Slurm run are CURVE-encrypted with the run's keys (`polar_hpc.security`).
+TCP links are CURVE-encrypted with the run's keys, one keypair per peer role (`polar_hpc.security`);
+the orchestrator takes each message kind only from the roles allowed to send it.
+
+Receiving: `unpack(frames, parts)` turns a received multipart into a message or raises BadMessage
+(wrong frame count, undecodable); a receive loop logs it and goes on. The orchestrator's ROUTER,
+which peers on other nodes reach, sets MAXMSGSIZE to MAX_MESSAGE_BYTES (`limit_size`): a larger
+message drops its sender's connection before it is buffered. The proxy link (ipc, same user only)
+has no such bound: a call record is as large as the call the proxy accepted.
 
 Both ends of a link send Heartbeat every `heartbeat_s`; `Liveness` tells when a peer has gone silent.
 """
@@ -24,9 +31,11 @@ Both ends of a link send Heartbeat every `heartbeat_s`; `Liveness` tells when a 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any, Union
 
 import msgspec
+import zmq
 
 
 class Message(msgspec.Struct, tag=True, forbid_unknown_fields=False):
@@ -334,6 +343,29 @@ def encode(message: Message) -> bytes:
 def decode(data: bytes) -> AnyMessage:
     """Decode one message; raises msgspec.DecodeError / ValidationError on garbage."""
     return _decoder.decode(data)
+
+
+MAX_MESSAGE_BYTES = 64 * 2**20  # to the orchestrator: a batch of thousands of tasks fits with room to spare
+
+
+class BadMessage(ValueError):
+    """A received multipart that is not one wire message: the reason is the text."""
+
+
+def unpack(frames: Sequence[bytes], parts: int) -> AnyMessage:
+    """The message in a received multipart of exactly `parts` frames (the payload last)."""
+    if len(frames) != parts:
+        raise BadMessage(f"{len(frames)} frames where {parts} belong")
+    payload = frames[-1]
+    try:
+        return _decoder.decode(payload)
+    except msgspec.DecodeError as e:  # ValidationError included
+        raise BadMessage(f"undecodable ({len(payload)} bytes): {e}") from None
+
+
+def limit_size(sock: zmq.Socket) -> None:
+    """Refuse (disconnect) any peer of `sock` that sends a message over MAX_MESSAGE_BYTES."""
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
 
 
 class Liveness:

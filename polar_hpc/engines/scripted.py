@@ -7,8 +7,9 @@ byte-level BPE with a ChatML template (`chat_format.py`), logprobs from a hash.
 Routes: POST /generate (SGLang native, streaming or not), POST /v1/chat/completions (OpenAI Chat
 with tools, logprobs and SGLang's `return_token_ids`; in `scripted_chat.py`), GET /health,
 GET /get_model_info, GET /v1/models, and SGLang's weight-update routes (/pause_generation,
-/update_weights_from_disk, /continue_generation; in `scripted_weights.py`). `serve(options)`
-blocks: it listens (port 0: a free port), writes `{"url": ...}` to the ready file atomically, and
+/update_weights_from_disk, /continue_generation; in `scripted_weights.py`). With the environment
+variable `security.ENGINE_KEY_ENV` set (the run's engine API key), every route but /health demands
+it as `Authorization: Bearer`, like SGLang's `--api-key`. `serve(options)` blocks: it listens (port 0: a free port), writes `{"url": ...}` to the ready file atomically, and
 returns after SIGTERM/SIGINT. A bad rules file raises ConfigError before anything listens.
 """
 
@@ -32,11 +33,12 @@ from polar_hpc.engines.chat_format import ChatFormat
 from polar_hpc.engines.policy import Policy
 from polar_hpc.engines.scripted_chat import chat_completions
 from polar_hpc.engines.scripted_http import (
-    MODEL, get_bool, get_int, get_stop, json_errors, pace, read_json, sse,
+    API_KEY, MODEL, get_bool, get_int, get_stop, json_errors, pace, read_json, require_key, sse,
 )
 from polar_hpc.engines.scripted_model import BadRequest, Generation, SamplingParams, ScriptedModel
 from polar_hpc.engines.scripted_weights import add_routes as add_weight_routes
 from polar_hpc.engines.scripted_weights import ABORT_MESSAGE, abort_signal, generation_gate
+from polar_hpc.security import ENGINE_KEY_ENV
 
 
 @dataclass(frozen=True)
@@ -60,14 +62,16 @@ def serve(options: ScriptedOptions) -> None:
         token_delay_ms=options.token_delay_ms, sample_log=options.sample_log,
     )
     try:
-        asyncio.run(_serve(options, build_app(model)))
+        asyncio.run(_serve(options, build_app(model, os.environ.get(ENGINE_KEY_ENV))))
     finally:
         model.close()
 
 
-def build_app(model: ScriptedModel) -> web.Application:
-    app = web.Application(middlewares=[json_errors, generation_gate], client_max_size=64 * 2**20)
+def build_app(model: ScriptedModel, api_key: str | None = None) -> web.Application:
+    app = web.Application(middlewares=[json_errors, require_key, generation_gate], client_max_size=64 * 2**20)
     app[MODEL] = model
+    if api_key:
+        app[API_KEY] = api_key
     app.router.add_get("/health", health)
     app.router.add_get("/get_model_info", model_info)
     app.router.add_get("/v1/models", list_models)

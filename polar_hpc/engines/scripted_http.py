@@ -1,6 +1,8 @@
-"""HTTP plumbing shared by the scripted engine's routes: app key, JSON errors, body fields, SSE.
+"""HTTP plumbing shared by the scripted engine's routes: app keys, API key, JSON errors, body fields, SSE.
 
-Every refused request gets SGLang/OpenAI's error body `{"object": "error", "message", "type",
+`require_key`: an app with an API key (`API_KEY`, the run's engine key, as SGLang's `--api-key`)
+answers 401 to any request but GET /health that lacks `Authorization: Bearer <key>`, before its
+body is read. Every refused request gets SGLang/OpenAI's error body `{"object": "error", "message", "type",
 "param", "code"}`: 400 `BadRequestError` for malformed JSON or fields, the HTTP reason for other
 HTTP errors (`NotFoundError`...), 500 `InternalServerError` for a bug.
 """
@@ -8,6 +10,7 @@ HTTP errors (`NotFoundError`...), 500 `InternalServerError` for a bug.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import sys
 import time
@@ -19,6 +22,7 @@ from aiohttp import web
 from polar_hpc.engines.scripted_model import BadRequest, Generation, ScriptedModel
 
 MODEL = web.AppKey("model", ScriptedModel)
+API_KEY = web.AppKey("api_key", str)
 
 
 def error_response(status: int, kind: str, message: str, param: str | None = None) -> web.Response:
@@ -39,6 +43,16 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except Exception as e:  # a bug: answer like a server would, and leave a trace in the log
         print(f"scripted engine: {request.path}: {type(e).__name__}: {e}", file=sys.stderr)
         return error_response(500, "InternalServerError", f"{type(e).__name__}: {e}")
+
+
+@web.middleware
+async def require_key(request: web.Request, handler: Any) -> web.StreamResponse:
+    key = request.app.get(API_KEY)
+    if key and request.path != "/health":
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+            return error_response(401, "UnauthorizedError", "this engine takes calls only with the run's API key")
+    return await handler(request)
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:

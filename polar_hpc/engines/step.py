@@ -2,10 +2,12 @@
 
 It starts the node's engine servers (SGLang: one per `tp_size` GPUs; scripted: one, on the CPU),
 waits until each answers GET /health, registers each URL and weight version with the orchestrator
-found through `<run>/rendezvous.json` (EngineHello, over CURVE with the run's keys), heartbeats,
+found through `<run>/rendezvous.json` (EngineHello, over CURVE with the run's engine key), heartbeats,
 and on Shutdown from the orchestrator or SIGTERM/SIGINT deregisters (EngineBye) and stops the
 servers (SIGUSR1/SIGUSR2 are trapped and left to the driver). A server that
-exits takes the step down with code 1 (the driver restarts the step).
+exits takes the step down with code 1 (the driver restarts the step). The servers get the run's
+engine API key in their environment and demand it on every route but /health. Anything else the
+orchestrator sends (a malformed message included) is logged and skipped.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def run_step(kind: str, run_dir: Path) -> int:
     host = socket.gethostname()
     node = os.environ.get("SLURMD_NODENAME", host)
     print(f"engine step on {node}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}", flush=True)
-    servers = _start_servers(kind, topology, run_dir, node)
+    servers = _start_servers(kind, topology, run_dir, node, security.engine_env(run_dir))
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
@@ -67,7 +69,8 @@ def run_step(kind: str, run_dir: Path) -> int:
         procs.stop([child for child, _ in servers], grace_s=10.0)
 
 
-def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str) -> list[tuple[procs.Child, int]]:
+def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str,
+                   base_env: dict[str, str]) -> list[tuple[procs.Child, int]]:
     engine, logs = topology.engine, run_dir / "logs"
     if kind == "scripted":
         port = _free_port()
@@ -76,11 +79,11 @@ def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str) -> l
         args += ["--token-delay-ms", str(engine.token_delay_ms)]
         if engine.script:
             args += ["--script", engine.script]
-        return [(procs.spawn(f"engine-{node}", args, logs / f"engine-{node}.log"), port)]
+        return [(procs.spawn(f"engine-{node}", args, logs / f"engine-{node}.log", base_env), port)]
     servers = []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     for i, devices in enumerate(sglang.split_devices(visible, topology.slurm.gpu.gpus, engine.tp_size)):
-        env = dict(os.environ)
+        env = dict(base_env)
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
         port = engine.port + i
@@ -92,8 +95,11 @@ def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str) -> l
 def _shutdown(sock: zmq.Socket) -> bool:
     """Read what the orchestrator sent (heartbeats); True on Shutdown."""
     while sock.poll(0):
-        if isinstance(wire.decode(sock.recv()), wire.Shutdown):
-            return True
+        try:
+            if isinstance(wire.unpack(sock.recv_multipart(), 1), wire.Shutdown):
+                return True
+        except wire.BadMessage as e:
+            print(f"ignoring a message from the orchestrator: {e}", flush=True)
     return False
 
 
@@ -126,7 +132,7 @@ def _connect(run_dir: Path, stopping: list) -> zmq.Socket | None:
     if stopping:
         return None
     sock = zmq.Context.instance().socket(zmq.DEALER)
-    security.secure_client(sock, run_dir)
+    security.secure_client(sock, run_dir, security.ENGINE)
     sock.connect(json.loads(path.read_text())["endpoint"])
     return sock
 

@@ -1,7 +1,8 @@
 """The client side of a weight update against SGLang-API engines, in one of two modes.
 
-`update_engines(urls, model_path, version, mode, timeout_s)` updates every engine at once and
-returns (the longest time an engine held generation in ms, ["URL: why"] for each that failed).
+`update_engines(urls, model_path, version, mode, timeout_s, api_key)` updates every engine at once
+and returns (the longest time an engine held generation in ms, ["URL: why"] for each that failed);
+`api_key` (the run's engine API key, None: none) is sent as `Authorization: Bearer`.
 
 - `wait`: POST /update_weights_from_disk `{"model_path", "weight_version"}` alone. SGLang takes
   the model's write lock for it, so the load waits for the generations in flight and new ones wait
@@ -22,10 +23,11 @@ MODES = ("wait", "abort")
 
 
 async def update_engines(urls: list[str], model_path: str, version: str, mode: str,
-                         timeout_s: float) -> tuple[float, list[str]]:
+                         timeout_s: float, api_key: str | None = None) -> tuple[float, list[str]]:
     if mode not in MODES:
         raise ValueError(f"weight update mode {mode!r} is not known ({', '.join(MODES)})")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as http:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers) as http:
         results = await asyncio.gather(*(_update_one(http, url, model_path, version, mode) for url in urls))
     pauses = [pause for pause, _ in results]
     return max(pauses, default=0.0), [f"{url}: {err}" for url, (_, err) in zip(urls, results) if err]

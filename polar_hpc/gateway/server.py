@@ -6,7 +6,10 @@ the pipeline, writing trajectories to its own shard writer. Heartbeats both link
 orchestrator says Shutdown or goes silent (its sessions are then cancelled and written as such).
 Without `engine_url` (Slurm mode) it waits for the orchestrator's first non-empty Engines and
 starts its proxy on the first URL; every later Engines is forwarded to the proxy. The orchestrator
-link uses the run's CURVE keys when the run has them.
+link uses the run's gateway CURVE key when the run has keys; the proxy alone gets the run's engine
+API key (in its environment). Both receive loops survive any message: one with the wrong frame
+count or undecodable, of a kind the link does not carry, or on the proxy socket from any peer but the proxy (known by the secret routing id the
+gateway gave it, `security.PROXY_LINK_ENV`), is logged and dropped.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import socket
 import tempfile
@@ -49,6 +53,7 @@ class ProxyChannel(ProxyLink):
     def __init__(self, sock: zmq.asyncio.Socket, http_socket: Path) -> None:
         self.sock = sock
         self.socket = http_socket
+        self.link_id = secrets.token_hex(16)  # the proxy's routing id: given to it alone
         self.identity: bytes | None = None
         self.url = ""
         self.hello = asyncio.Event()
@@ -56,7 +61,10 @@ class ProxyChannel(ProxyLink):
         self._opened: dict[str, asyncio.Future] = {}
         self._closed: dict[str, asyncio.Future] = {}
 
-    def on_message(self, identity: bytes, msg: wire.AnyMessage) -> None:
+    def on_message(self, identity: bytes, msg: wire.AnyMessage) -> bool:
+        """Take a message from the proxy; False (dropped) when it is from another peer."""
+        if identity != self.link_id.encode():
+            return False
         if isinstance(msg, wire.CallRecord):
             self.records[msg.session_id].append(msg)
         elif isinstance(msg, (wire.SessionOpened, wire.SessionClosed)):
@@ -67,6 +75,9 @@ class ProxyChannel(ProxyLink):
         elif isinstance(msg, wire.ProxyHello):
             self.identity, self.url = identity, msg.url
             self.hello.set()
+        elif not isinstance(msg, wire.Heartbeat):
+            log.error("dropped a %s from the proxy: not a message of that link", type(msg).__name__)
+        return True
 
     def send(self, msg: wire.Message) -> None:
         self.sock.send_multipart([self.identity, wire.encode(msg)])
@@ -121,9 +132,10 @@ class _Gateway:
         proxy_sock = self.ctx.socket(zmq.ROUTER)
         proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
         proxy_sock.bind(proxy_endpoint)
+        log.info("proxy link at %s", proxy_endpoint)
         self.proxy = ProxyChannel(proxy_sock, tmp_root / "proxy-http.sock")
         self.orch = self.ctx.socket(zmq.DEALER)
-        security.secure_client(self.orch, opts.run_dir)
+        security.secure_client(self.orch, opts.run_dir, security.GATEWAY)
         self.orch.connect(opts.orchestrator)
         self.writer = ShardWriter(opts.run_dir / "shards", opts.gateway_id, gw.shard_max_bytes, gw.shard_max_age_s)
         self.pipeline = Pipeline(gw.pools, make_sandbox, tmp_root, self.proxy, self.writer, self._to_orchestrator)
@@ -132,8 +144,8 @@ class _Gateway:
         self.engine_urls = [opts.engine_url] if opts.engine_url else []
         self.proxy_proc: procs.Child | None = None
         loops = [
-            asyncio.create_task(self._recv(proxy_sock, self._from_proxy)),
-            asyncio.create_task(self._recv(self.orch, self._from_orchestrator)),
+            asyncio.create_task(self._recv(proxy_sock, 2, self._from_proxy)),
+            asyncio.create_task(self._recv(self.orch, 1, self._from_orchestrator)),
         ]
         try:
             self._to_orchestrator(wire.Hello(gateway_id=opts.gateway_id, host=socket.gethostname(), slots=gw.pools.run))
@@ -172,7 +184,9 @@ class _Gateway:
         args += ["--strict-model"] if topo.proxy.strict_model else []
         args += ["--heartbeat-s", str(topo.gateway.heartbeat_s), "--peer-timeout-s", str(topo.gateway.peer_timeout_s)]
         args += ["--unix-socket", str(http_socket)]
-        return procs.spawn("proxy", args, opts.run_dir / "logs" / f"proxy-{node}-{opts.gateway_id}.log")
+        log_path = opts.run_dir / "logs" / f"proxy-{node}-{opts.gateway_id}.log"
+        env = security.engine_env(opts.run_dir) | {security.PROXY_LINK_ENV: self.proxy.link_id}
+        return procs.spawn("proxy", args, log_path, env)
 
     async def _wait_for_proxy(self, proxy_proc) -> None:
         deadline = time.monotonic() + 60
@@ -183,19 +197,26 @@ class _Gateway:
             await asyncio.sleep(0.02)
         log.info("proxy serving harnesses at %s", self.proxy.url)
 
-    async def _recv(self, sock: zmq.asyncio.Socket, handle) -> None:
+    async def _recv(self, sock: zmq.asyncio.Socket, parts: int, handle) -> None:
+        """Hand each message of `sock` (`parts` frames: [identity,] payload) to `handle`; anything
+        malformed, or a handler that fails on it, is logged and the loop goes on."""
         while True:
             frames = await sock.recv_multipart()
             try:
-                msg = wire.decode(frames[-1])
-            except Exception as e:  # a malformed message is logged, never fatal
-                log.error("undecodable message: %s", e)
+                msg = wire.unpack(frames, parts)
+            except wire.BadMessage as e:
+                log.error("dropped a message: %s", e)
                 continue
-            handle(frames[0] if len(frames) > 1 else b"", msg)
+            try:
+                handle(frames[0] if parts == 2 else b"", msg)
+            except Exception:
+                log.exception("handling a %s failed", type(msg).__name__)
 
     def _from_proxy(self, identity: bytes, msg: wire.AnyMessage) -> None:
-        self.liveness.heard("proxy")
-        self.proxy.on_message(identity, msg)
+        if self.proxy.on_message(identity, msg):
+            self.liveness.heard("proxy")
+        else:
+            log.error("dropped a %s from a peer that is not the proxy", type(msg).__name__)
 
     def _from_orchestrator(self, _identity: bytes, msg: wire.AnyMessage) -> None:
         self.liveness.heard("orchestrator")
@@ -212,6 +233,8 @@ class _Gateway:
         elif isinstance(msg, wire.Shutdown):
             log.info("shutdown requested: %s", msg.reason)
             self.stopping.set()
+        elif not isinstance(msg, wire.Heartbeat):
+            log.error("dropped a %s from the orchestrator: not a message of that link", type(msg).__name__)
 
     def _to_orchestrator(self, msg: wire.Message) -> None:
         self.orch.send(wire.encode(msg))

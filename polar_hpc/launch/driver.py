@@ -112,7 +112,7 @@ def _life(run_dir: Path, topology, signals: list[int], restart: str, requeue: bo
         endpoint = procs.wait_ready(orchestrator, run_dir / "rendezvous.json")["endpoint"]
         print(f"orchestrator at {endpoint}; restart {restart}", flush=True)
         steps = _steps(run_dir, topology, endpoint)
-        security.secure_client(sock, run_dir)
+        security.secure_client(sock, run_dir, security.ADMIN)
         sock.connect(endpoint)
         while not signals:
             if orchestrator.proc.poll() is not None:

@@ -1,7 +1,8 @@
 """`polar-hpc run`: the whole job on this machine, as the same processes a cluster runs.
 
 Validates the task file and topology first (nothing is started on bad input), lays out the run
-directory, starts the scripted engine, the orchestrator and one gateway (which starts its proxy),
+directory with the run's keys (as a Slurm run: CURVE on every TCP link, the engine's API key, so
+other users of the machine can neither connect nor call the engine), starts the scripted engine, the orchestrator and one gateway (which starts its proxy),
 shows sessions moving through the pipeline, and when every session has ended shuts the processes
 down and prints a summary read back from the shards. With `--service` (or `service.enabled`) the run
 starts with no tasks (or the file's) and goes on until a trainer drains it (docs/service.md). Ctrl-C stops every process; sessions that were
@@ -19,7 +20,7 @@ import zmq
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from polar_hpc import procs, wire
+from polar_hpc import procs, security, wire
 from polar_hpc.config import ConfigError, Topology, load_topology
 from polar_hpc.launch.rundir import prepare
 from polar_hpc.launch.summary import print_summary
@@ -39,6 +40,7 @@ def run_local(spec: LocalRun, console: Console) -> int:
     if load_topology(spec.topology_path).engine.kind != "scripted":
         raise ConfigError(f"{spec.topology_path}: engine.kind: 'polar-hpc run' runs the scripted engine only")
     run_dir, tasks, topology = prepare(spec.tasks_path, spec.topology_path, spec.run_dir, spec.service)
+    security.create_keys(run_dir)
     t0 = time.monotonic()
     children: list[procs.Child] = []
     interrupted = False
@@ -49,7 +51,7 @@ def run_local(spec: LocalRun, console: Console) -> int:
         children.append(procs.spawn("gateway", args + ["--gateway-id", "local0"], run_dir / "logs" / "gateway-local.log"))
         if topology.service.enabled:
             console.print(f"service run in {run_dir}: trainers connect with polar_hpc.client.Client(run_dir)")
-        _follow(endpoint, children, sum(t.num_samples for t in tasks), console)
+        _follow(run_dir, endpoint, children, sum(t.num_samples for t in tasks), console)
     except KeyboardInterrupt:
         interrupted = True
         console.print("[yellow]interrupted: stopping every process[/yellow]")
@@ -69,7 +71,7 @@ def _start_engine(run_dir: Path, topology: Topology, children: list) -> str:
         args += ["--script", str(Path(engine.script).resolve())]
     if engine.sample_log:
         args += ["--sample-log", str(run_dir / "logs" / "engine-samples.jsonl")]
-    children.append(procs.spawn("engine", args, run_dir / "logs" / "engine-local.log"))
+    children.append(procs.spawn("engine", args, run_dir / "logs" / "engine-local.log", security.engine_env(run_dir)))
     return procs.wait_ready(children[-1], ready)["url"]
 
 
@@ -80,11 +82,12 @@ def _start_orchestrator(run_dir: Path, children: list, engine_url: str) -> str:
     return procs.wait_ready(children[-1], run_dir / "rendezvous.json")["endpoint"]
 
 
-def _follow(endpoint: str, children: list[procs.Child], total: int, console: Console) -> None:
+def _follow(run_dir: Path, endpoint: str, children: list[procs.Child], total: int, console: Console) -> None:
     """Poll the orchestrator's status until every session has ended; then ask it to shut down."""
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 1000)
+    security.secure_client(sock, run_dir, security.ADMIN)
     sock.connect(endpoint)
     columns = [TextColumn("sessions"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[stages]}"),
                TimeElapsedColumn()]
@@ -113,7 +116,7 @@ def _status(sock: zmq.Socket, children: list[procs.Child]) -> wire.StatusReply:
     while not sock.poll(500):
         for child in children:
             child.check()
-    reply = wire.decode(sock.recv())
+    reply = wire.unpack(sock.recv_multipart(), 1)
     assert isinstance(reply, wire.StatusReply)
     return reply
 

@@ -36,7 +36,7 @@ def ask(run_dir: Path, msg: wire.Message, timeout_s: float = 3.0) -> wire.AnyMes
         return None
     sock = zmq.Context.instance().socket(zmq.DEALER)
     try:
-        security.secure_client(sock, run_dir)
+        security.secure_client(sock, run_dir, security.ADMIN)
         sock.setsockopt(zmq.LINGER, 500)
         sock.connect(json.loads(rendezvous.read_text())["endpoint"])
         sock.send(wire.encode(msg))

@@ -4,8 +4,12 @@ It reads the run's tasks (`<run>/tasks.jsonl`), expands them into sessions, hand
 gateways that send credit, journals every state change, answers StatusRequest from clients, and
 requeues the sessions of a gateway that goes silent. Engine steps register (EngineHello) and
 heartbeat; the live engine URLs are relayed to every gateway (Engines). Its endpoint (and, in a
-Slurm run, its CURVE public key) is written to `<run>/rendezvous.json` (mode 0600, atomically)
-once it is bound; with `<run>/keys/` present every peer must hold the run's keys.
+run with keys, its CURVE public key) is written to `<run>/rendezvous.json` (mode 0600, atomically)
+once it is bound; with `<run>/keys/` present every peer must hold one of the run's role keys, and
+each message kind is taken only from the roles `ROUTES` (the dispatch table, keyed on the wire
+type) allows, news of a session only from the gateway running it; anything else, and any
+malformed multipart, is logged and dropped (answered `Refused` where the sender waits). Without
+keys it binds only to loopback.
 
 When the journal already holds an earlier life of the run (a requeued job), it resumes: finished
 (task, sample) keys are not redone, the others run again as new attempts. On SIGTERM it marks the
@@ -25,6 +29,7 @@ once every session has ended. A resumed service run queues again what trainers h
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -41,6 +46,7 @@ from polar_hpc import security, wire
 from polar_hpc.config import ConfigError, Task, load_tasks, load_topology
 from polar_hpc.engines import weights
 from polar_hpc.orchestrator import service
+from polar_hpc.orchestrator.peers import Refusals, Route
 from polar_hpc.orchestrator.journal import Journal, replay, service_events
 from polar_hpc.shards.batch import version_number
 from polar_hpc.orchestrator.sessions import FINAL, SessionTable
@@ -64,6 +70,13 @@ def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0, advertise: str 
         return await Orchestrator(run_dir, host, port, advertise, engine_urls).run()
 
     return asyncio.run(main())
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def write_rendezvous(run_dir: Path, info: dict) -> None:
@@ -103,7 +116,13 @@ class Orchestrator:
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        wire.limit_size(self.sock)
         self.auth = security.secure_server(self.ctx, self.sock, run_dir)
+        if self.auth is None and not _loopback(host):
+            raise ConfigError(f"{security.keys_dir(run_dir)}: no keys; without them the orchestrator binds only "
+                              f"to loopback, not {host}")
+        self.refusals = Refusals()
+        self.engine_key = security.engine_api_key(run_dir)
         if port == 0:
             port = self.sock.bind_to_random_port(f"tcp://{host}")
         else:
@@ -152,68 +171,110 @@ class Orchestrator:
             log.warning("cannot reach %r: %s", identity, e)
 
     async def _recv(self) -> None:
+        """Every message, whatever its frames, size or content: handled, or refused and logged."""
+        secured = self.auth is not None
         while True:
-            identity, payload = await self.sock.recv_multipart()
+            frames = await self.sock.recv_multipart(copy=False)
+            identity = frames[0].bytes
             try:
-                msg = wire.decode(payload)
-            except Exception as e:
-                log.error("undecodable message from %r: %s", identity, e)
+                msg = wire.unpack([f.bytes for f in frames], 2)
+            except wire.BadMessage as e:
+                self.refusals.note(identity, f"dropped a message: {e}")
                 continue
-            self._handle(identity, msg)
+            try:
+                self._handle(identity, security.peer_roles(frames[-1], secured), msg)
+            except Exception:  # a bug must not end the loop every peer depends on
+                log.exception("handling %s from %s failed", type(msg).__name__, identity.hex())
 
-    def _handle(self, identity: bytes, msg: wire.AnyMessage) -> None:
+    def _handle(self, identity: bytes, roles: frozenset[str], msg: wire.AnyMessage) -> None:
+        route = ROUTES.get(type(msg))
+        if route is None:
+            why = "the orchestrator takes no such message"
+        elif not route.roles & roles:
+            why = f"the {'/'.join(sorted(roles)) or 'unknown'} key may not send it"
+        elif route.service and not self.service.enabled:
+            why = "this run is not a service run (set service.enabled in its topology)"
+        else:
+            if identity in self.gateways or identity in self.engines:
+                self.liveness.heard(identity)
+            answer = route.handler(self, identity, msg)
+            if answer is not None:
+                self._send(identity, answer)
+            return
+        self.refusals.note(identity, f"refused {type(msg).__name__}: {why}")
+        if route is not None and route.answered:
+            self._send(identity, wire.Refused(error=f"{type(msg).__name__} refused: {why}"))
+
+    def _holder(self, identity: bytes, session_id: str) -> _Gateway | None:
+        """The registered gateway `identity` if it runs `session_id`; None (refused) otherwise."""
         gw = self.gateways.get(identity)
-        if gw is not None or identity in self.engines:
-            self.liveness.heard(identity)
-        if isinstance(msg, wire.Hello):
-            self.gateways[identity] = _Gateway(msg.gateway_id, msg.host)
-            self.down.pop(("gateway", msg.gateway_id), None)
-            self.liveness.heard(identity)
-            self.journal.write("gateway_up", gateway=msg.gateway_id, host=msg.host, slots=msg.slots)
-            self._send(identity, self._engine_list())
-        elif isinstance(msg, wire.Credit) and gw is not None:
-            gw.credit += msg.n
-            self._dispatch(identity, gw)
-        elif isinstance(msg, wire.SessionUpdate):
-            if self.table.update(msg.session_id, msg.state) is not None:
-                self.journal.write("state", session=msg.session_id, state=msg.state)
-        elif isinstance(msg, wire.Result):
-            if gw is not None:
-                gw.sessions.discard(msg.session_id)
+        if gw is None or session_id not in gw.sessions:
+            self.refusals.note(identity, f"refused news of session {session_id!r}: not a gateway running it")
+            return None
+        return gw
+
+    def _hello(self, identity: bytes, msg: wire.Hello) -> None:
+        self.gateways[identity] = _Gateway(msg.gateway_id, msg.host)
+        self.down.pop(("gateway", msg.gateway_id), None)
+        self.liveness.heard(identity)
+        self.journal.write("gateway_up", gateway=msg.gateway_id, host=msg.host, slots=msg.slots)
+        self._send(identity, self._engine_list())
+
+    def _credit(self, identity: bytes, msg: wire.Credit) -> None:
+        gw = self.gateways.get(identity)
+        if gw is None:
+            self.refusals.note(identity, "refused Credit: not a registered gateway")
+            return
+        gw.credit += max(0, msg.n)
+        self._dispatch(identity, gw)
+
+    def _session_update(self, identity: bytes, msg: wire.SessionUpdate) -> None:
+        if self._holder(identity, msg.session_id) is not None and self.table.update(msg.session_id, msg.state):
+            self.journal.write("state", session=msg.session_id, state=msg.state)
+
+    def _gateway_result(self, identity: bytes, msg: wire.Result) -> None:
+        gw = self._holder(identity, msg.session_id)
+        if gw is not None:
+            gw.sessions.discard(msg.session_id)
             self._result(msg)
-        elif isinstance(msg, wire.EngineHello):
-            self.engines[identity] = msg
-            self.down.pop(("engine", msg.engine_id), None)
-            self.liveness.heard(identity)
-            self.journal.write("engine_up", engine=msg.engine_id, url=msg.url, weight_version=msg.weight_version)
-            self._relay_engines()
-            latest = self.latest_weights
-            if latest is not None and msg.weight_version != latest.weight_version:  # a restarted engine step
-                asyncio.get_running_loop().create_task(self._update_weights(None, latest, [msg.url]))
-        elif isinstance(msg, wire.EngineBye):
-            self._lose_engine(identity, "deregistered")
-        elif isinstance(msg, wire.StatusRequest):
-            self._send(identity, self._status())
-        elif isinstance(msg, wire.SubmitTasks):
-            self._send(identity, self._submit(msg.batch_id, msg.tasks, msg.max_staleness))
-        elif isinstance(msg, wire.BatchStatusRequest):
-            self._send(identity, self._batch_status(msg.batch_id))
-        elif isinstance(msg, wire.CancelTasks):
-            self._send(identity, self._cancel(msg))
-        elif isinstance(msg, wire.UpdateWeights):
-            if msg.mode not in (None, *weights.MODES):
-                self._send(identity, wire.Refused(error=f"weight update mode {msg.mode!r} is not known "
-                                                        f"({', '.join(weights.MODES)})"))
-            else:
-                asyncio.get_running_loop().create_task(self._update_weights(identity, msg))
-        elif isinstance(msg, wire.Drain):
-            self.draining = True
-            self.journal.write("drain")
-            self._send(identity, self._status())
-        elif isinstance(msg, wire.Shutdown):
-            log.info("shutdown requested by a client: %s", msg.reason)
-            self.journal.write("shutdown", reason=msg.reason)
-            self.stopping.set()
+
+    def _engine_hello(self, identity: bytes, msg: wire.EngineHello) -> None:
+        self.engines[identity] = msg
+        self.down.pop(("engine", msg.engine_id), None)
+        self.liveness.heard(identity)
+        self.journal.write("engine_up", engine=msg.engine_id, url=msg.url, weight_version=msg.weight_version)
+        self._relay_engines()
+        latest = self.latest_weights
+        if latest is not None and msg.weight_version != latest.weight_version:  # a restarted engine step
+            asyncio.get_running_loop().create_task(self._update_weights(None, latest, [msg.url]))
+
+    def _engine_bye(self, identity: bytes, msg: wire.EngineBye) -> None:
+        self._lose_engine(identity, "deregistered")
+
+    def _heartbeat(self, identity: bytes, msg: wire.Heartbeat) -> None:
+        pass  # liveness is noted for every message of a member
+
+    def _status_request(self, identity: bytes, msg: wire.StatusRequest) -> wire.StatusReply:
+        return self._status()
+
+    def _submit_request(self, identity: bytes, msg: wire.SubmitTasks) -> wire.Message:
+        return self._submit(msg.batch_id, msg.tasks, msg.max_staleness)
+
+    def _weights_request(self, identity: bytes, msg: wire.UpdateWeights) -> wire.Refused | None:
+        if msg.mode not in (None, *weights.MODES):
+            return wire.Refused(error=f"weight update mode {msg.mode!r} is not known ({', '.join(weights.MODES)})")
+        asyncio.get_running_loop().create_task(self._update_weights(identity, msg))  # answers when done
+        return None
+
+    def _drain(self, identity: bytes, msg: wire.Drain) -> wire.StatusReply:
+        self.draining = True
+        self.journal.write("drain")
+        return self._status()
+
+    def _shutdown(self, identity: bytes, msg: wire.Shutdown) -> None:
+        log.info("shutdown requested: %s", msg.reason)
+        self.journal.write("shutdown", reason=msg.reason)
+        self.stopping.set()
 
     def _result(self, msg: wire.Result) -> None:
         dispatched = self.assigned_policy.pop(msg.session_id, "")
@@ -270,7 +331,8 @@ class Orchestrator:
         excess = len(self.table.queue) + sessions - self.service.max_queued
         return min(30.0, max(0.5, excess / rate if rate > 0 else 5.0))
 
-    def _batch_status(self, batch_id: str | None) -> wire.Message:
+    def _batch_status(self, identity: bytes, msg: wire.BatchStatusRequest) -> wire.Message:
+        batch_id = msg.batch_id
         if batch_id is not None and batch_id not in self.batches.tasks:
             return wire.Refused(error=f"no batch {batch_id!r} in this run")
         chosen = [batch_id] if batch_id is not None else list(self.batches.tasks)
@@ -284,7 +346,7 @@ class Orchestrator:
                                          done=all(state in FINAL for state in states), stale=self.batches.stale[b])
         return wire.BatchStatus(batches=batches)
 
-    def _cancel(self, msg: wire.CancelTasks) -> wire.Message:
+    def _cancel(self, identity: bytes, msg: wire.CancelTasks) -> wire.Message:
         if msg.task_id is not None:
             if msg.task_id not in self.batches.batch_of:
                 return wire.Refused(error=f"no task {msg.task_id!r} in this run")
@@ -314,7 +376,7 @@ class Orchestrator:
             self.journal.write("weights_update", path=msg.model_path, weight_version=msg.weight_version, engines=urls,
                                mode=mode)
             pause_ms, errors = await weights.update_engines(urls, msg.model_path, msg.weight_version, mode,
-                                                            self.service.weight_update_timeout_s)
+                                                            self.service.weight_update_timeout_s, self.engine_key)
             failed = {e.split(": ", 1)[0] for e in errors}
             for url in self.static_engines:
                 if url not in failed:
@@ -425,3 +487,26 @@ class Orchestrator:
         self.down[("gateway", gw.gateway_id)] = wire.Member("gateway", gw.gateway_id, gw.host, False, detail="silent")
         for sid in gw.sessions:
             self._requeue(sid)
+
+
+_MEMBERS = frozenset({security.GATEWAY, security.ENGINE})
+_CLIENTS = frozenset({security.CLIENT, security.ADMIN})
+
+# wire type -> its handler (which returns the answer, if any), the roles that may send it, whether
+# only a service run takes it, and whether its sender waits for an answer
+ROUTES: dict[type, Route] = {
+    wire.Hello: Route(Orchestrator._hello, frozenset({security.GATEWAY})),
+    wire.Credit: Route(Orchestrator._credit, frozenset({security.GATEWAY})),
+    wire.SessionUpdate: Route(Orchestrator._session_update, frozenset({security.GATEWAY})),
+    wire.Result: Route(Orchestrator._gateway_result, frozenset({security.GATEWAY})),
+    wire.EngineHello: Route(Orchestrator._engine_hello, frozenset({security.ENGINE})),
+    wire.EngineBye: Route(Orchestrator._engine_bye, frozenset({security.ENGINE})),
+    wire.Heartbeat: Route(Orchestrator._heartbeat, _MEMBERS),
+    wire.StatusRequest: Route(Orchestrator._status_request, _CLIENTS, answered=True),
+    wire.BatchStatusRequest: Route(Orchestrator._batch_status, _CLIENTS, answered=True),
+    wire.SubmitTasks: Route(Orchestrator._submit_request, _CLIENTS, service=True, answered=True),
+    wire.CancelTasks: Route(Orchestrator._cancel, _CLIENTS, service=True, answered=True),
+    wire.UpdateWeights: Route(Orchestrator._weights_request, _CLIENTS, service=True, answered=True),
+    wire.Drain: Route(Orchestrator._drain, _CLIENTS, service=True, answered=True),
+    wire.Shutdown: Route(Orchestrator._shutdown, frozenset({security.ADMIN})),
+}

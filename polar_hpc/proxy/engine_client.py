@@ -11,18 +11,23 @@ decoded JSON object, or raise `EngineError`: `status` 400 when the engine reject
 (its message passed on), 502 for anything else (unreachable, 5xx, not JSON, not HTTP).
 `stream_json(path, body)` POSTs a streaming request and yields each Server-Sent Event's decoded
 JSON `data` line until `[DONE]`, with the same errors (`started` is False while nothing was
-received, which is when a call may still be retried elsewhere). Cancelling a call closes its
+received, which is when a call may still be retried elsewhere). Every call carries the run's engine
+API key (`Authorization: Bearer`, from the environment variable `security.ENGINE_KEY_ENV`, which
+the gateway sets for its proxy alone) when there is one. Cancelling a call closes its
 connection, which SGLang treats as an abort. There is no read timeout: sampling may take long.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import msgspec
+
+from polar_hpc.security import ENGINE_KEY_ENV
 
 _LINE_LIMIT = 1 << 20  # the longest status, header or chunk-size line accepted
 _PIECE = 1 << 16
@@ -138,6 +143,8 @@ class EngineClient:
         except ValueError:  # reported as unreachable by the first call
             self._port = -1
         self.connect_timeout_s = connect_timeout_s
+        key = os.environ.get(ENGINE_KEY_ENV)
+        self._auth = f"Authorization: Bearer {key}\r\n" if key else ""
         self._idle: list[_Connection] = []
 
     async def close(self) -> None:
@@ -197,7 +204,7 @@ class EngineClient:
     async def _send(self, method: str, path: str, payload: bytes) -> _Connection:
         """A connection whose answer's head has been read."""
         head = (
-            f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: {self._authority}\r\n"
+            f"{method} {self._prefix}{path} HTTP/1.1\r\nHost: {self._authority}\r\n{self._auth}"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
         ).encode()
         while True:

@@ -1,9 +1,11 @@
 """The proxy's end of its link to the gateway: a ZeroMQ DEALER.
 
-`GatewayLink(ctx, endpoint, peer_timeout_s)` connects to the gateway's ROUTER. `send(message)`
+`GatewayLink(ctx, endpoint, peer_timeout_s)` connects to the gateway's ROUTER, under the routing id
+the gateway gave it in `security.PROXY_LINK_ENV` (the gateway takes messages from that id only). `send(message)`
 sends a wire message at once, without waiting: the send queue is unbounded, so messages leave in
 the order `send` was called (every record of a session before its SessionClosed). `recv()` returns
-the next decodable message and marks the gateway as heard for `liveness`. `close()` closes the
+the next message and marks the gateway as heard for `liveness`; a malformed one (not one frame,
+undecodable) is logged and skipped. `close()` closes the
 socket, still delivering what is queued for up to half a second.
 """
 
@@ -11,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
-import msgspec
 import zmq
 import zmq.asyncio
 
 from polar_hpc import wire
+from polar_hpc.security import PROXY_LINK_ENV
 
 log = logging.getLogger("polar_hpc.proxy")
 
@@ -30,6 +33,8 @@ class GatewayLink:
         self._sock = ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 500)
         self._sock.setsockopt(zmq.SNDHWM, 0)  # never wait nor drop: queue until the gateway reads
+        if link_id := os.environ.get(PROXY_LINK_ENV):
+            self._sock.setsockopt(zmq.ROUTING_ID, link_id.encode())
         self._sock.connect(endpoint)
         self.liveness = wire.Liveness(peer_timeout_s)
         self.liveness.heard(_GATEWAY)
@@ -39,12 +44,12 @@ class GatewayLink:
 
     async def recv(self) -> wire.AnyMessage:
         while True:
-            data = await self._sock.recv()
+            frames = await self._sock.recv_multipart()
             self.liveness.heard(_GATEWAY)
             try:
-                return wire.decode(data)
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                log.warning("ignoring undecodable message from gateway: %s", e)
+                return wire.unpack(frames, 1)
+            except wire.BadMessage as e:
+                log.warning("ignoring a message from the gateway: %s", e)
 
     def close(self) -> None:
         self._sock.close()

@@ -8,13 +8,15 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 import zmq
 
 from polar_hpc import security, wire
-from tests.orchestrator.helpers import next_message, start_orchestrator
+from tests.orchestrator.helpers import next_message, reply, start_orchestrator
 
 TASK = {"id": "t", "instruction": "hi", "num_samples": 1, "harness": {"command": "true"}}
 
@@ -32,21 +34,33 @@ def test_engine_step_registers_and_deregisters(tmp_path: Path) -> None:
     ctx.setsockopt(zmq.LINGER, 0)
     try:
         gw = ctx.socket(zmq.DEALER)
-        security.secure_client(gw, tmp_path)
+        security.secure_client(gw, tmp_path, security.GATEWAY)
         gw.connect(endpoint)
+        admin = ctx.socket(zmq.DEALER)
+        security.secure_client(admin, tmp_path, security.ADMIN)
+        admin.connect(endpoint)
         gw.send(wire.encode(wire.Hello(gateway_id="g", host="h", slots=1)))
-        engines = _next(gw, wire.Engines)
-        while not engines.urls:
-            engines = _next(gw, wire.Engines)
+        engines, deadline = _next(gw, wire.Engines), time.monotonic() + 60
+        while not engines.urls:  # heartbeating as a gateway does, however long the step takes to start
+            assert time.monotonic() < deadline and step.poll() is None, "the engine step never registered"
+            gw.send(wire.encode(wire.Heartbeat(sender="g", t=time.time())))
+            engines = reply(gw, wire.Engines, 0.5) or engines
         (url,) = engines.urls
         with urllib.request.urlopen(url + "/health", timeout=5) as r:  # the URL serves the engine
+            assert r.status == 200
+        with pytest.raises(urllib.error.HTTPError) as refused:  # but only to callers with the run's key
+            urllib.request.urlopen(url + "/get_model_info", timeout=5)
+        assert refused.value.code == 401
+        with_key = urllib.request.Request(url + "/get_model_info",
+                                          headers={"Authorization": f"Bearer {security.engine_api_key(tmp_path)}"})
+        with urllib.request.urlopen(with_key, timeout=5) as r:
             assert r.status == 200
         step.send_signal(signal.SIGTERM)
         assert step.wait(30) == 0, step.stdout.read()
         gw.send(wire.encode(wire.Heartbeat(sender="g", t=time.time())))
         assert _next(gw, wire.Engines, 10).urls == []  # deregistered at once, not after peer_timeout_s
-        gw.send(wire.encode(wire.StatusRequest()))
-        members = {(m.kind, m.up) for m in _next(gw, wire.StatusReply).members}
+        admin.send(wire.encode(wire.StatusRequest()))
+        members = {(m.kind, m.up) for m in _next(admin, wire.StatusReply).members}
         assert members == {("gateway", True), ("engine", False)}  # status shows it down
         try:
             urllib.request.urlopen(url + "/health", timeout=2)

@@ -27,11 +27,19 @@ def start_orchestrator(run_dir: Path, topology: str, task: dict | None, args: tu
     return proc, json.loads(rendezvous.read_text())["endpoint"]
 
 
-def next_message(sock, kind, timeout_s: float = 5.0):
-    """The next message of type `kind` on `sock`, skipping others (heartbeats)."""
+def reply(sock, kind, timeout_s: float = 5.0):
+    """The next message of type `kind` on `sock`, skipping others (heartbeats); None after timeout_s."""
     deadline = time.monotonic() + timeout_s
     while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
         msg = wire.decode(sock.recv())
         if isinstance(msg, kind):
             return msg
-    raise AssertionError(f"no {kind.__name__} within {timeout_s}s")
+    return None
+
+
+def next_message(sock, kind, timeout_s: float = 5.0):
+    """The next message of type `kind` on `sock`, skipping others (heartbeats)."""
+    msg = reply(sock, kind, timeout_s)
+    if msg is None:
+        raise AssertionError(f"no {kind.__name__} within {timeout_s}s")
+    return msg

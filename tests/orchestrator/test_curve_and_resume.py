@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import zmq
 
 from polar_hpc import security, wire
-from tests.orchestrator.helpers import start_orchestrator
+from tests.orchestrator.helpers import reply, start_orchestrator
 
 TASK = {"id": "t", "instruction": "hi", "num_samples": 3, "harness": {"command": "true"}}
 
@@ -29,19 +28,12 @@ def ctx():
     context.destroy(linger=0)
 
 
-def _reply(sock: zmq.Socket, kind, timeout_s: float = 5.0):
-    """The next message of type `kind` (skipping heartbeats), or None after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-        msg = wire.decode(sock.recv())
-        if isinstance(msg, kind):
-            return msg
-    return None
+_reply = reply
 
 
 def _status(ctx, endpoint: str, run_dir: Path, timeout_s: float = 5.0):
     sock = ctx.socket(zmq.DEALER)
-    security.secure_client(sock, run_dir)
+    security.secure_client(sock, run_dir, security.ADMIN)
     sock.connect(endpoint)
     sock.send(wire.encode(wire.StatusRequest()))
     try:

@@ -88,7 +88,9 @@ class FakeGateway:
                 else:
                     self._inbox.put(message)
             while self._peer is not None and not self._outbox.empty():
-                self._sock.send_multipart([self._peer, wire.encode(self._outbox.get())])
+                item = self._outbox.get()
+                frames = item if isinstance(item, list) else [wire.encode(item)]
+                self._sock.send_multipart([self._peer, *frames])
             due = time.monotonic() - last_beat > 0.2
             if self._peer is not None and self.beating.is_set() and due:
                 self._sock.send_multipart([self._peer, beat])
@@ -96,7 +98,8 @@ class FakeGateway:
         self._sock.close(linger=0)
         self._ctx.term()
 
-    def send(self, message: wire.Message) -> None:
+    def send(self, message: wire.Message | list[bytes]) -> None:
+        """Send a message, or (a list) these raw frames."""
         self._outbox.put(message)
 
     def next(self, timeout: float = 10.0) -> wire.Message:
