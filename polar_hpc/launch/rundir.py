@@ -2,12 +2,14 @@
 
 `prepare(tasks_path, topology_path, run_dir)` validates both files first (ConfigError on bad
 input, nothing created), then makes `<run>/` (mode 0700) with logs/, shards/, journal/,
-`tasks.jsonl` and `topology.yaml` (a service run: inbox/ too, and the task file is optional). The default folder is `./runs/<time>-<name>`; a folder that
-already holds a run is refused.
+`tasks.jsonl` and `topology.yaml` (a service run: inbox/ too, and the task file is optional).
+The default folder is `./runs/<time>-<name>` (the task id or file name, reduced to a plain folder
+name); a folder that already holds a run is refused.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -22,7 +24,7 @@ def prepare(tasks_path: Path | None, topology_path: Path | None, run_dir: Path |
     if service:
         topology = topology.model_copy(update={"service": topology.service.model_copy(update={"enabled": True})})
     tasks = load_run_tasks(tasks_path, topology)
-    name = "service" if tasks_path is None else tasks[0].id if len(tasks) == 1 else tasks_path.stem
+    name = _folder_name("service" if tasks_path is None else tasks[0].id if len(tasks) == 1 else tasks_path.stem)
     chosen = run_dir or (Path(topology.run_dir) if topology.run_dir else None)
     run_dir = (chosen or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}").resolve()
     if (run_dir / "tasks.jsonl").exists():
@@ -48,3 +50,8 @@ def load_run_tasks(tasks_path: Path | None, topology: Topology) -> list[Task]:
                               "may start without one")
         return []
     return load_tasks(tasks_path)
+
+
+def _folder_name(name: str) -> str:
+    """`name` as one plain folder name: [A-Za-z0-9._-] only, no leading dot, at most 64 characters."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")[:64] or "tasks"
