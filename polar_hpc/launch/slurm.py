@@ -25,12 +25,12 @@ import jinja2
 from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
 
-from polar_hpc import security
+from polar_hpc import assets, security
 from polar_hpc.config import ConfigError, SlurmComponent, SlurmConfig, Topology
 from polar_hpc.launch.driver import drive
 from polar_hpc.launch.rundir import prepare
 
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "slurm"
+TEMPLATES = assets.folder("slurm")
 JOB_INDEX = Path(os.environ.get("POLAR_HPC_HOME", Path.home() / ".polar-hpc")) / "jobs"
 
 
