@@ -24,6 +24,7 @@ from polar_hpc.config_files import MAX_DEPTH, MAX_JSONL_BYTES, ConfigError, nest
 MAX_SAMPLES = 10_000  # num_samples of one task
 MAX_SESSIONS = 1_000_000  # sessions (tasks x num_samples) of one task file
 MAX_TIMEOUT_S = 7 * 86400.0  # a session's timeout_s
+SCRIPTED_CONTEXT = 65536  # the scripted engine's context: harnesses' own prompts (~31k) + 16k replies
 TASK_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@+=/-]{0,255}")
 
 
@@ -46,7 +47,7 @@ class EngineConfig(_Model):
     token_delay_ms: float = Field(0.0, ge=0)
     weight_version: str = "v0"
     sample_log: bool = False  # scripted engine: log every generation to <run>/logs/engine-samples.jsonl
-    context_length: int = Field(8192, ge=16)  # scripted engine: longest prompt + output, in tokens
+    context_length: int = Field(SCRIPTED_CONTEXT, ge=16, le=1 << 24)  # scripted engine: longest prompt + output
 
 
 class PoolConfig(_Model):
