@@ -10,6 +10,7 @@ session ids.
 
 from __future__ import annotations
 
+import gc
 import re
 from collections import Counter
 from pathlib import Path
@@ -247,6 +248,16 @@ def load_topology(path: Path | None) -> Topology:
 
 def load_tasks(path: Path) -> list[Task]:
     """Tasks from a YAML file (one task, or a list) or a JSONL file (one task per line)."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # a big suite allocates only live objects: the cyclic collector would rescan them all
+    try:
+        return _load_tasks(path)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _load_tasks(path: Path) -> list[Task]:
     if path.suffix == ".jsonl":
         tasks = _load_jsonl(path)
     else:
