@@ -16,10 +16,13 @@ let
     inherit (project) version;
     pyproject = true;
     # Only what the wheel is built from: editing tests or docs does not rebuild the package.
+    # slurm/ and containers/ go into the wheel (pyproject: force-include) for `polar-hpc sbatch`
+    # and `polar-hpc image build`.
     src = pkgs.lib.fileset.toSource {
       root = src;
       fileset = pkgs.lib.fileset.unions [
         (src + "/pyproject.toml") (src + "/README.md") (src + "/polar_hpc")
+        (src + "/slurm") (src + "/containers")
       ];
     };
     # pyproject pins the backend exactly for pip/uv builds; here nixpkgs' hatchling builds it.
@@ -31,6 +34,11 @@ let
     # Import the CLI (and so what it loads) at build time: a missing or broken dependency fails
     # `nix build`, not the first run on the cluster.
     pythonImportsCheck = [ "polar_hpc" "polar_hpc.cli" ];
+    # ...and a package without the templates the CLI renders fails the build too.
+    postInstall = ''
+      test -f $out/${python.sitePackages}/polar_hpc/_assets/slurm/hetjob.sbatch.j2
+      test -f $out/${python.sitePackages}/polar_hpc/_assets/containers/gateway.def
+    '';
     # The test suite starts processes and sandboxes; CI runs it through uv (.ci/run).
     doCheck = false;
     meta = {

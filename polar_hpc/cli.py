@@ -294,10 +294,11 @@ def engine(
     weight_version: str = typer.Option("v0", help="Weight version the engine reports."),
     sample_log: Optional[Path] = typer.Option(None, help="Append one JSON line per generation."),
     token_delay_ms: float = typer.Option(0.0, help="Simulated time per generated token."),
-    context_length: int = typer.Option(8192, help="Longest prompt + output, in tokens."),
+    context_length: Optional[int] = typer.Option(None, help="Longest prompt + output, in tokens (default 65536)."),
     model_name: str = typer.Option("polar-scripted", help="Model name the engine serves."),
 ) -> None:
     """Run an inference engine that speaks SGLang's HTTP API."""
+    from polar_hpc.config import SCRIPTED_CONTEXT
     from polar_hpc.engines import scripted
 
     if run_dir is not None:
@@ -317,7 +318,7 @@ def engine(
         weight_version=weight_version,
         sample_log=sample_log,
         token_delay_ms=token_delay_ms,
-        context_length=context_length,
+        context_length=SCRIPTED_CONTEXT if context_length is None else context_length,
         model_name=model_name,
     )
     _guard(lambda: scripted.serve(options))

@@ -5,29 +5,35 @@ message reads `FILE:LINE: FIELD: what is wrong` (one line per problem). Relative
 task file (sandbox files) are resolved against the task file's folder at load time and must stay
 inside it (no absolute path elsewhere, no `..`, no symbolic link). Text that reaches a command line
 or an environment (instruction, commands, env values) may not hold a NUL byte, env names must be
-valid.
+valid. Files are read within bounds (polar_hpc.config_files); numbers are finite and bounded
+(MAX_SAMPLES, MAX_TIMEOUT_S, MAX_SESSIONS per file); task ids are `TASK_ID` without `..`, safe in
+paths and session ids.
 """
 
 from __future__ import annotations
 
-import json
+import gc
 import re
 import stat
+from collections import Counter
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 import pydantic
 import pydantic_core
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar_hpc.config_files import MAX_DEPTH, MAX_JSONL_BYTES, ConfigError, nesting, read_json_line, read_text, read_yaml
 
-class ConfigError(Exception):
-    """Bad user input; the CLI prints it and exits with code 2."""
+MAX_SAMPLES = 10_000  # num_samples of one task
+MAX_SESSIONS = 1_000_000  # sessions (tasks x num_samples) of one task file
+MAX_TIMEOUT_S = 7 * 86400.0  # a session's timeout_s
+SCRIPTED_CONTEXT = 65536  # the scripted engine's context: harnesses' own prompts (~31k) + 16k replies
+TASK_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@+=/-]{0,255}")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --- topology -------------------------------------------------------------------------------------
@@ -45,7 +51,7 @@ class EngineConfig(_Model):
     token_delay_ms: float = Field(0.0, ge=0)
     weight_version: str = "v0"
     sample_log: bool = False  # scripted engine: log every generation to <run>/logs/engine-samples.jsonl
-    context_length: int = Field(8192, ge=16)  # scripted engine: longest prompt + output, in tokens
+    context_length: int = Field(SCRIPTED_CONTEXT, ge=16, le=1 << 24)  # scripted engine: longest prompt + output
 
 
 class PoolConfig(_Model):
@@ -163,7 +169,7 @@ class HarnessSpec(_Model):
 
     kind: Literal["shell", "mini_swe_agent", "codex", "claude_code", "opencode", "qwen_code"] = "shell"
     command: _Text | None = None
-    env: dict[_EnvName, _Text] = {}
+    env: dict[_EnvName, _Text] = Field(default_factory=dict)
 
     @pydantic.model_validator(mode="wrap")
     @classmethod
@@ -188,10 +194,13 @@ class TaskSandbox(_Model):
     gpus: bool = False  # apptainer: --nv
 
 
+_DEFAULT_SANDBOX = TaskSandbox()
+
+
 class CommandEvaluator(_Model):
     kind: Literal["command"]
     command: _Text
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(60.0, gt=0, le=86400)
     # "session": run in the harness's sandbox as it left it; "fresh": in a new sandbox (the task's
     # files and prepare, started while the harness runs) holding the harness's workspace at submission/
     sandbox: Literal["session", "fresh"] = "session"
@@ -216,15 +225,36 @@ _EVALUATOR_KINDS = ("command", "reward_file", "regex")
 
 
 class Task(_Model):
-    id: str = Field(min_length=1)
+    id: str
     instruction: _Text
-    num_samples: int = Field(1, ge=1)
-    timeout_s: float = Field(600.0, gt=0)
+    num_samples: int = Field(1, ge=1, le=MAX_SAMPLES)
+    timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
     harness: HarnessSpec
-    sandbox: TaskSandbox = TaskSandbox()
+    sandbox: TaskSandbox = Field(default_factory=lambda: _DEFAULT_SANDBOX)  # shared, not copied per task
     evaluator: Evaluator | None = None
     builder: Literal["per_request", "prefix_merge"] = "prefix_merge"
-    metadata: dict[str, Any] = {}
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @pydantic.field_validator("id")
+    @classmethod
+    def _safe_id(cls, value: str) -> str:
+        """Ids name sessions (`<id>#<sample>.<attempt>`) and may name a run folder: no `#`, spaces, `..`."""
+        if not TASK_ID.fullmatch(value) or ".." in value:
+            raise ValueError("a task id is 1-256 of the characters A-Z a-z 0-9 . _ - : @ + = /, starting with a "
+                             f"letter, digit or _, without '..' (got {value[:80]!r})")
+        return value
+
+    @pydantic.field_validator("metadata")
+    @classmethod
+    def _shallow_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value and nesting(value) > MAX_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        return value
+
+
+def duplicate_ids(ids: list[str]) -> list[str]:
+    """The ids that occur more than once, sorted (linear time)."""
+    return sorted(i for i, n in Counter(ids).items() if n > 1)
 
 
 # --- loading --------------------------------------------------------------------------------------
@@ -234,8 +264,8 @@ def load_topology(path: Path | None) -> Topology:
     """The topology in `path`, or the defaults when no file is given."""
     if path is None:
         return Topology()
-    data, lines = _read_yaml(path)
-    return _validate(Topology, data, path, lines)
+    data, line_of = read_yaml(path)
+    return _validate(Topology, data, path, line_of)
 
 
 def load_tasks(path: Path, files_checked: bool = False) -> list[Task]:
@@ -243,42 +273,55 @@ def load_tasks(path: Path, files_checked: bool = False) -> list[Task]:
 
     `files_checked`: a run's own copy of tasks already loaded once (sandbox files resolved and
     checked then), so sources are taken as they are."""
+    was_enabled = gc.isenabled()
+    gc.disable()  # a big suite allocates only live objects: the cyclic collector would rescan them all
+    try:
+        return _load_tasks(path, files_checked)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _load_tasks(path: Path, files_checked: bool) -> list[Task]:
     if path.suffix == ".jsonl":
         tasks = _load_jsonl(path, files_checked)
     else:
-        data, lines = _read_yaml(path)
+        data, line_of = read_yaml(path)
         items = data if isinstance(data, list) else [data]
         tasks = _validate_all(
-            [(item, lines, (i,) if isinstance(data, list) else ()) for i, item in enumerate(items)],
+            [(item, line_of, (i,) if isinstance(data, list) else ()) for i, item in enumerate(items)],
             path, files_checked=files_checked,
         )
-    ids = [t.id for t in tasks]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
+    dup = duplicate_ids([t.id for t in tasks])
     if dup:
-        raise ConfigError(f"{path}: duplicate task id(s): {', '.join(dup)}")
+        raise ConfigError(f"{path}: duplicate task id(s): {', '.join(dup[:20])}{' ...' if len(dup) > 20 else ''}")
+    sessions = sum(t.num_samples for t in tasks)
+    if sessions > MAX_SESSIONS:
+        raise ConfigError(f"{path}: {sessions} sessions (tasks x num_samples); at most {MAX_SESSIONS} per task file")
     return tasks
 
 
 def _load_jsonl(path: Path, files_checked: bool) -> list[Task]:
     entries, problems = [], []
-    for lineno, text in enumerate(_read_text(path).splitlines(), start=1):
+    for lineno, text in enumerate(read_text(path, MAX_JSONL_BYTES).splitlines(), start=1):
         if not text.strip():
             continue
         try:
-            entries.append((json.loads(text), {(): lineno}, ()))
-        except json.JSONDecodeError as e:
-            problems.append(f"{path}:{lineno}: not valid JSON: {e.msg} (column {e.colno})")
+            entries.append((read_json_line(text), lambda loc, n=lineno: n, ()))
+        except ValueError as e:
+            problems.append(f"{path}:{lineno}: not valid JSON: {e}")
     return _validate_all(entries, path, problems, files_checked)
 
 
-def _validate_all(entries: list[tuple[Any, dict, tuple]], path: Path, problems: list[str] | None = None,
+def _validate_all(entries: list[tuple[Any, Callable, tuple]], path: Path, problems: list[str] | None = None,
                   files_checked: bool = False) -> list[Task]:
     """Validate every entry, collecting all problems (in line order) before failing."""
     tasks, problems = [], list(problems or [])
-    for data, lines, prefix in entries:
+    for data, line_of, prefix in entries:
         try:
-            task = _validate(Task, data, path, lines, prefix)
-            tasks.append(task if files_checked else _resolve_files(task, path, lines, prefix))
+            task = _validate(Task, data, path, line_of, prefix)
+            resolve = task.sandbox.files and not files_checked
+            tasks.append(_resolve_files(task, path, line_of, prefix) if resolve else task)
         except ConfigError as e:
             problems.append(str(e))
     if problems:
@@ -293,24 +336,26 @@ def _line_key(problem: str) -> int:
     return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0
 
 
-def _validate(model: type[BaseModel], data: Any, path: Path, lines: dict, prefix: tuple = ()) -> Any:
+def _validate(model: type[BaseModel], data: Any, path: Path, line_of: Callable, prefix: tuple = ()) -> Any:
     if data is None:
         data = {}
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as e:
-        raise ConfigError("\n".join(_describe(err, path, lines, prefix) for err in e.errors())) from None
+        raise ConfigError("\n".join(_describe(err, path, line_of, prefix) for err in e.errors())) from None
 
 
-def _describe(err: dict, path: Path, lines: dict, prefix: tuple) -> str:
+def _describe(err: dict, path: Path, line_of: Callable, prefix: tuple) -> str:
     loc = _strip_union_tags(err["loc"])
     field = ".".join(str(x) for x in loc) or "(top level)"
-    line = _line_of(lines, prefix + loc)
+    line = line_of(prefix + loc)
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif err["type"] == "missing":
         msg = "missing required field"
+    elif err["type"] == "value_error":
+        msg = str(err["ctx"]["error"])
     return f"{path}:{line}: {field}: {msg}"
 
 
@@ -319,50 +364,7 @@ def _strip_union_tags(loc: tuple) -> tuple:
     return tuple(x for i, x in enumerate(loc) if not (i and loc[i - 1] == "evaluator" and x in _EVALUATOR_KINDS))
 
 
-def _line_of(lines: dict, loc: tuple) -> int:
-    """Line of the deepest known node on the path `loc` (the record's line for JSONL)."""
-    for n in range(len(loc), -1, -1):
-        if loc[:n] in lines:
-            return lines[loc[:n]]
-    return 1
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
-
-
-def _read_yaml(path: Path) -> tuple[Any, dict]:
-    """Parse YAML, returning the data and a map from key path to 1-based line number."""
-    text = _read_text(path)
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    lines: dict[tuple, int] = {}
-    if node is not None:
-        _map_lines(node, (), lines)
-    return data, lines
-
-
-def _map_lines(node: yaml.Node, loc: tuple, lines: dict) -> None:
-    lines[loc] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            child = loc + (key.value,)
-            _map_lines(value, child, lines)
-            lines[child] = key.start_mark.line + 1
-    elif isinstance(node, yaml.SequenceNode):
-        for i, value in enumerate(node.value):
-            _map_lines(value, loc + (i,), lines)
-
-
-def _resolve_files(task: Task, path: Path, lines: dict, prefix: tuple) -> Task:
+def _resolve_files(task: Task, path: Path, line_of: Callable, prefix: tuple) -> Task:
     """Each `sandbox.files` source as an absolute path inside the task file's folder, or ConfigError.
 
     A source must be a regular file or folder below that folder, reached without `..` and without
@@ -370,7 +372,7 @@ def _resolve_files(task: Task, path: Path, lines: dict, prefix: tuple) -> Task:
     """
     base, files, problems = path.parent.resolve(), {}, []
     for dest, src in task.sandbox.files.items():
-        line = _line_of(lines, prefix + ("sandbox", "files", dest))
+        line = line_of(prefix + ("sandbox", "files", dest))
         try:
             files[dest] = _source(base, path.parent.absolute(), dest, src)
         except ValueError as e:

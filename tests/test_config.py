@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from conftest import polar
@@ -68,3 +71,72 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     broken.write_text("id: t\ninstruction: [unclosed\n")
     _refused(polar("run", broken), f"{broken}:3: not valid YAML")
+
+
+def _refused_all(cases: dict[str, list[str]], tmp_path: Path, timeout: float = 120) -> None:
+    """Run `polar-hpc run FILE` on every case at once; each must be refused with its messages."""
+    procs = {
+        name: subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", str(tmp_path / name), "--run-dir",
+                                str(tmp_path / f"run-{name}")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+        for name in cases
+    }
+    for name, proc in procs.items():
+        _, stderr = proc.communicate(timeout=timeout)
+        _refused(subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr), *cases[name])
+        assert not (tmp_path / f"run-{name}").exists(), name
+
+
+def test_hostile_files_are_refused_quickly_with_their_line(tmp_path: Path) -> None:
+    laughs = ['a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    laughs += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    head = "id: t\ninstruction: hi\nharness: {command: 'true'}\nmetadata:\n"
+    (tmp_path / "laughs.yaml").write_text(head + "".join(f"  {line}\n" for line in laughs))
+    (tmp_path / "loop.yaml").write_text(head + "  m: &m\n    self: *m\n")
+    (tmp_path / "deep.yaml").write_text(head + "  x: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    chain = "".join(f"  k{i}: &k{i} [{f'*k{i - 1}' if i else 1}]\n" for i in range(40))  # deep only once expanded
+    (tmp_path / "chain.yaml").write_text(head + chain)
+    (tmp_path / "latin1.yaml").write_bytes(b"id: t\ninstruction: caf\xe9\nharness: {command: 'true'}\n")
+    (tmp_path / "deep.jsonl").write_text(json.dumps(GOOD) + "\n" + '{"id": "d", "metadata": ' + "[" * 50_000
+                                         + "]" * 50_000 + "}\n")
+    shallow = json.dumps(dict(GOOD, id="m", metadata={"x": json.loads("[" * 40 + "]" * 40)}))
+    (tmp_path / "nan.jsonl").write_text(json.dumps(GOOD) + "\n" + json.dumps(GOOD).replace('"t"', '"u"', 1)
+                                        .replace("}}", '}, "timeout_s": NaN}') + "\n" + shallow + "\n")
+    t0 = time.monotonic()
+    _refused_all({
+        "laughs.yaml": ["laughs.yaml:", "aliases expand this document to 12345679"],
+        "loop.yaml": ["loop.yaml:6: not valid YAML: an alias to a node that contains it"],
+        "deep.yaml": ["deep.yaml:5: not valid YAML: nested deeper than 32 levels"],
+        "chain.yaml": ["not valid YAML: nested deeper than 32 levels once its aliases are expanded"],
+        "latin1.yaml": ["latin1.yaml:2: not valid UTF-8 (byte 0xe9 at column 17)"],
+        "deep.jsonl": ["deep.jsonl:2: not valid JSON: nested too deeply"],
+        "nan.jsonl": ["nan.jsonl:2: not valid JSON", "nan.jsonl:3: metadata: nested deeper than 32 levels"],
+    }, tmp_path)
+    assert time.monotonic() - t0 < 100  # the billion laughs took 74 s alone before it ran out of memory
+
+
+def test_numbers_are_finite_and_bounded_and_ids_are_safe(tmp_path: Path) -> None:
+    (tmp_path / "inf.yaml").write_text(
+        "id: t\ninstruction: hi\ntimeout_s: .inf\nnum_samples: 1000000000\nharness: {command: 'true'}\n"
+        "evaluator: {kind: command, command: 'true', timeout_s: 1e9}\n")
+    many = dict(GOOD, num_samples=10_000)
+    (tmp_path / "many.jsonl").write_text("".join(json.dumps(dict(many, id=f"t{i}")) + "\n" for i in range(101)))
+    bad_ids = ["../../escape", "a/../../b", "", "with space", "hash#1", ".hidden", "x" * 257, "tab\there"]
+    (tmp_path / "ids.jsonl").write_text("".join(json.dumps(dict(GOOD, id=i)) + "\n" for i in bad_ids))
+    _refused_all({
+        "inf.yaml": ["inf.yaml:3: timeout_s: Input should be a finite number",
+                     "inf.yaml:4: num_samples: Input should be less than or equal to 10000",
+                     "inf.yaml:6: evaluator.timeout_s: Input should be less than or equal to 86400"],
+        "many.jsonl": ["1010000 sessions (tasks x num_samples); at most 1000000 per task file"],
+        "ids.jsonl": [f"ids.jsonl:{n}: id: a task id is" for n in range(1, len(bad_ids) + 1)],
+    }, tmp_path)
+
+
+def test_run_folder_named_after_a_task_id_stays_under_runs(tmp_path: Path, monkeypatch) -> None:
+    from polar_hpc.launch.rundir import prepare
+
+    monkeypatch.chdir(tmp_path)
+    task = tmp_path / "task.yaml"
+    task.write_text("id: org/repo:issue-1\ninstruction: hi\nharness: {command: 'true'}\n")
+    run_dir, _, _ = prepare(task, None, None)
+    assert run_dir.parent == tmp_path / "runs" and run_dir.name.endswith("-org_repo_issue-1")

@@ -9,7 +9,10 @@ import json
 import operator
 import os
 
-from openai import OpenAI
+try:
+    from openai import OpenAI
+except ImportError:  # a plain `pip install polar-hpc`: the session fails with this in its log
+    raise SystemExit("the calculator example needs the openai package: pip install 'polar-hpc[examples]'")
 
 TOOLS = [
     {

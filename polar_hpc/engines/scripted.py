@@ -29,6 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
+from polar_hpc.config import SCRIPTED_CONTEXT
 from polar_hpc.engines.chat_format import ChatFormat
 from polar_hpc.engines.policy import Policy
 from polar_hpc.engines.scripted_chat import chat_completions
@@ -50,7 +51,7 @@ class ScriptedOptions:
     weight_version: str = "v0"
     sample_log: Path | None = None
     token_delay_ms: float = 0.0
-    context_length: int = 8192
+    context_length: int = SCRIPTED_CONTEXT
     model_name: str = "polar-scripted"
 
 

@@ -86,7 +86,7 @@ def codex(proxy_url: str, token: str, model: str, workspace: Path):
 
 
 def claude_code(proxy_url: str, token: str, model: str, workspace: Path):
-    env = {"ANTHROPIC_BASE_URL": proxy_url, "ANTHROPIC_API_KEY": token, "ANTHROPIC_MODEL": model,
+    env = {"ANTHROPIC_MODEL": model,  # ANTHROPIC_BASE_URL and _API_KEY: every harness has them (shell)
            "ANTHROPIC_SMALL_FAST_MODEL": model, "CLAUDE_CONFIG_DIR": str(workspace / ".claude"),
            "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(CONTEXT_TOKENS),
            "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(OUTPUT_TOKENS),

@@ -1,10 +1,11 @@
 """The shell harness: a task's command, run in its sandbox, pointed at the proxy.
 
 The harness sees an ordinary OpenAI-compatible endpoint (OPENAI_BASE_URL, OPENAI_API_KEY = its
-session token), its instruction in the file named by POLAR_INSTRUCTION_FILE and, when it is at most
-ENV_INSTRUCTION_MAX bytes (the kernel refuses longer environment strings), in POLAR_INSTRUCTION,
-and this interpreter's bin folder first on PATH (so `python` is the one that has the project's
-environment). The file is written without following links (the workspace is the sandbox's).
+session token) and an Anthropic one (ANTHROPIC_BASE_URL, ANTHROPIC_API_KEY = the same token), its
+instruction in the file named by POLAR_INSTRUCTION_FILE and, when it is at most ENV_INSTRUCTION_MAX
+bytes (the kernel refuses longer environment strings), in POLAR_INSTRUCTION, and this interpreter's
+bin folder first on PATH (so `python` is the one that has the project's environment). The file is
+written without following links (the workspace is the sandbox's).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def environment(task: Task, proxy_url: str, token: str, session_id: str, workspa
         "PATH": path,
         "OPENAI_BASE_URL": f"{proxy_url}/v1",
         "OPENAI_API_KEY": token,
+        "ANTHROPIC_BASE_URL": proxy_url,  # the SDKs add /v1/messages
+        "ANTHROPIC_API_KEY": token,
         "POLAR_SESSION_ID": session_id,
         "POLAR_INSTRUCTION_FILE": str(workspace / INSTRUCTION_FILE),
     }

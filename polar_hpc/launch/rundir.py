@@ -3,8 +3,8 @@
 `prepare(tasks_path, topology_path, run_dir)` validates both files first (ConfigError on bad
 input, nothing created), then makes `<run>/` (mode 0700) with logs/, shards/, journal/,
 `tasks.jsonl` and `topology.yaml` (a service run: inbox/ too, and the task file is optional).
-The default folder is `./runs/<time>-<name>`; a folder that already holds a run is refused
-(`check_new`, also what `submit --dry-run` checks).
+The default folder is `./runs/<time>-<name>` (the task id or file name, reduced to a plain folder
+name); a folder that already holds a run is refused (`check_new`, also what `submit --dry-run` checks).
 
 A Slurm run records its job: `<run>/job.json` {"job_id"} and `~/.polar-hpc/jobs/<job id>` (the run
 dir; `$POLAR_HPC_HOME` overrides the folder), written by `submit` and again by the driver when the
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def prepare(tasks_path: Path | None, topology_path: Path | None, run_dir: Path |
     if service:
         topology = topology.model_copy(update={"service": topology.service.model_copy(update={"enabled": True})})
     tasks = load_run_tasks(tasks_path, topology)
-    name = "service" if tasks_path is None else tasks[0].id if len(tasks) == 1 else tasks_path.stem
+    name = _folder_name("service" if tasks_path is None else tasks[0].id if len(tasks) == 1 else tasks_path.stem)
     chosen = run_dir or (Path(topology.run_dir) if topology.run_dir else None)
     run_dir = check_new((chosen or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}").resolve())
     for sub in ("logs", "shards", "journal") + (("inbox",) if topology.service.enabled else ()):
@@ -84,3 +85,8 @@ def resolve(target: str) -> tuple[Path, str | None]:
         path = Path(entry.read_text().strip())
     job = path / "job.json"
     return path.resolve(), json.loads(job.read_text())["job_id"] if job.exists() else None
+
+
+def _folder_name(name: str) -> str:
+    """`name` as one plain folder name: [A-Za-z0-9._-] only, no leading dot, at most 64 characters."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".")[:64] or "tasks"

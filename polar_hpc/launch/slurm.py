@@ -25,13 +25,13 @@ import jinja2
 from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
 
-from polar_hpc import security
+from polar_hpc import assets, security
 from polar_hpc.config import ConfigError, SlurmComponent, SlurmConfig, Topology, load_topology
 from polar_hpc.launch.driver import job_main
 from polar_hpc.launch.rundir import prepare, record_job, resolve
 from polar_hpc.orchestrator.journal import progress
 
-TEMPLATES = Path(__file__).resolve().parent.parent.parent / "slurm"
+TEMPLATES = assets.folder("slurm")
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
           "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")  # the job may still run
 

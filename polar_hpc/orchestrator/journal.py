@@ -26,6 +26,7 @@ import json
 import re
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,11 @@ class Journal:
 
     def write(self, event: str, **fields: Any) -> None:
         self._file.write(json.dumps({"t": round(time.time(), 6), "event": event, **fields}) + "\n")
+
+    def write_many(self, event: str, rows: Iterable[dict[str, Any]]) -> None:
+        """One event per row, in one write (a whole task file queued at start)."""
+        t = round(time.time(), 6)
+        self._file.write("".join(json.dumps({"t": t, "event": event, **fields}) + "\n" for fields in rows))
 
     def close(self) -> None:
         self._file.close()

@@ -138,8 +138,8 @@ class Orchestrator:
     async def run(self) -> int:
         if self.resumed:
             self.journal.write("resumed", done=len(self.done), restart=os.environ.get("SLURM_RESTART_COUNT"))
-        for s in self.table.queue:
-            self.journal.write("queued", session=s.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt)
+        self.journal.write_many("queued", (dict(session=s.session_id, task=s.task.id, sample=s.sample_index,
+                                                attempt=s.attempt) for s in self.table.queue))
         info = {"endpoint": self.endpoint, "pid": os.getpid()}
         if self.auth is not None:
             info["curve_server_key"] = security.server_public_key(self.run_dir)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pydantic
 
-from polar_hpc.config import ConfigError, Task
+from polar_hpc.config import ConfigError, Task, duplicate_ids
 
 
 @dataclass
@@ -66,8 +66,7 @@ def validate(tasks: list[dict[str, Any]]) -> list[Task]:
             for err in e.errors():
                 where = ".".join(str(x) for x in err["loc"]) or "(top level)"
                 problems.append(f"task {i} (id {name!r}): {where}: {err['msg']}")
-    ids = [t.id for t in good]
-    dup = sorted({i for i in ids if ids.count(i) > 1})
+    dup = duplicate_ids([t.id for t in good])
     if dup:
         problems.append(f"duplicate task id(s) in one batch: {', '.join(dup)}")
     if problems:

@@ -2,7 +2,8 @@
 
 `build_argv(name, output, fakeroot)` is the `apptainer build` command line for `name` (gateway,
 harness-python, harness-node, or a path to a .def file); `build(...)` runs it from the repository
-root (gateway.def copies the repository in). Bad names are a `ConfigError`; a missing `apptainer`
+root (gateway.def copies the repository in, so it is built from a checkout; an installed wheel
+carries the definitions as polar_hpc/_assets/containers/). Bad names are a `ConfigError`; a missing `apptainer`
 is an `ImageError` that says where to build instead.
 """
 
@@ -12,10 +13,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from polar_hpc import assets
 from polar_hpc.config import ConfigError
 
-REPO = Path(__file__).resolve().parents[2]
-CONTAINERS = REPO / "containers"
+CONTAINERS = assets.folder("containers")
 
 
 class ImageError(RuntimeError):
@@ -50,5 +51,9 @@ def build(name: str, output: Path, fakeroot: bool) -> int:
             "apptainer is not on PATH: build images on a machine that has Apptainer (often a cluster's "
             "login or build node, e.g. after `module load apptainer`); see containers/README.md"
         )
+    source = CONTAINERS.parent  # a checkout's root, where gateway.def's %files are
+    if Path(argv[-1]) == CONTAINERS / "gateway.def" and not (source / "pyproject.toml").is_file():
+        raise ImageError("the gateway image copies polar-hpc's source in: build it from a checkout of the "
+                         "repository (the harness images build from an installed package too)")
     output.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(argv, cwd=REPO).returncode
+    return subprocess.run(argv, cwd=source).returncode

@@ -9,8 +9,9 @@
   REWARD_FILE_MAX bytes, given up after REWARD_FILE_TIMEOUT_S); a missing, linked, special
   (FIFO...), oversized, unreadable or non-numeric (or non-finite) file gives reward None and a
   detail naming the file and the problem.
-- RegexEvaluator: `re.search(spec.pattern, final answer)` -> 1.0 / 0.0; an invalid pattern or an
-  unreadable final answer gives reward None.
+- RegexEvaluator: `re.search(spec.pattern, final answer)` -> 1.0 / 0.0, where the final answer is
+  the last call's reply: its text and the arguments of its tool calls (`messages.final_answer`);
+  an invalid pattern or an unreadable final answer gives reward None.
 
 Only the command evaluator runs anything; it sees the sandbox as the harness left it.
 """

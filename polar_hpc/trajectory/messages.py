@@ -8,6 +8,7 @@ expected structure raises ValueError naming the call.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from polar_hpc.wire import CallRecord
@@ -61,12 +62,30 @@ def assistant_message(record: CallRecord) -> dict[str, Any]:
 
 
 def final_answer(records: list[CallRecord]) -> str:
-    """Text content of the last call's assistant message ('' when there is none)."""
+    """The session's final answer: the last call's assistant reply, its text and then, one per
+    line, the arguments of each tool call it makes (an agent may answer through a tool, e.g.
+    smolagents' `final_answer`). Arguments that are a JSON object give their values (strings as
+    written, others as JSON), anything else its text. '' when there is no call."""
     if not records:
         return ""
-    content = assistant_message(max(records, key=lambda r: r.call_index)).get("content")
-    if isinstance(content, str):
-        return content
+    message = assistant_message(max(records, key=lambda r: r.call_index))
+    content = message.get("content")
     if isinstance(content, list):  # content parts
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-    return ""
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    parts = [content] if isinstance(content, str) and content else []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            parts.append(_argument_text(function.get("arguments")))
+    return "\n".join(parts)
+
+
+def _argument_text(arguments: Any) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return arguments
+    if isinstance(arguments, dict):
+        return "\n".join(v if isinstance(v, str) else json.dumps(v) for v in arguments.values())
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)

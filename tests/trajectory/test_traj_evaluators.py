@@ -90,3 +90,30 @@ def test_reward_file_is_never_followed_waited_on_or_read_whole(sandbox, tmp_path
         assert out.reward is None and expected in out.detail, out.detail
         assert "0.125" not in out.detail
         assert time.monotonic() - t0 < 2
+
+
+def _answering_through_a_tool(record, arguments, text=None):
+    last = record(1, [1, 2, 3], [4], "")
+    last.response["choices"][0]["message"] = {"role": "assistant", "content": text, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "final_answer", "arguments": arguments}}]}
+    return [record(0, [1], [2], "Let me compute 17 * 23 + 4 = 390. Hmm."), last]
+
+
+def test_regex_reads_an_answer_given_through_a_tool_call(sandbox, record):
+    """smolagents' ToolCallingAgent answers with final_answer({"answer": ...}) and no text."""
+    spec = RegexEvaluator(kind="regex", pattern=r"(?m)^395$")  # the argument's value, not its JSON
+    assert run(spec, sandbox, _answering_through_a_tool(record, '{"answer": "395"}')).reward == 1.0
+    assert run(spec, sandbox, _answering_through_a_tool(record, '{"answer": 395}')).reward == 1.0
+    assert run(spec, sandbox, _answering_through_a_tool(record, {"answer": "395"})).reward == 1.0
+    assert run(spec, sandbox, _answering_through_a_tool(record, "395")).reward == 1.0  # not JSON: as written
+    both = _answering_through_a_tool(record, '{"answer": "395"}', text="Done.")
+    assert run(RegexEvaluator(kind="regex", pattern=r"Done\.\n395"), sandbox, both).reward == 1.0
+    # an earlier reply does not count; a wrong answer through the tool scores 0
+    assert run(RegexEvaluator(kind="regex", pattern="390"), sandbox, _answering_through_a_tool(record, '{"answer": "1"}')).reward == 0.0
+    assert run(spec, sandbox, _answering_through_a_tool(record, '{"answer": "3950"}')).reward == 0.0
+
+
+def test_regex_survives_hostile_tool_calls(sandbox, record):
+    records = _answering_through_a_tool(record, "[" * 100_000 + "]" * 100_000)
+    records[1].response["choices"][0]["message"]["tool_calls"] += [None, {"function": "x"}, {"function": {}}]
+    assert run(RegexEvaluator(kind="regex", pattern="395"), sandbox, records).reward == 0.0
