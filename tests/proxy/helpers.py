@@ -126,8 +126,8 @@ class FakeGateway:
 
 
 class Proxy:
-    def __init__(self, proc: subprocess.Popen, url: str, gateway: FakeGateway) -> None:
-        self.proc, self.url, self.gateway = proc, url, gateway
+    def __init__(self, proc: subprocess.Popen, url: str, gateway: FakeGateway, log: Path) -> None:
+        self.proc, self.url, self.gateway, self.log = proc, url, gateway, log
         self.base_url = url + "/v1"
 
 
@@ -146,7 +146,7 @@ def start_proxy(
     url = wait_ready(proc, ready)
     hello = gateway.expect(wire.ProxyHello)
     assert hello == wire.ProxyHello(proxy_id=name, url=url)
-    return Proxy(proc, url, gateway)
+    return Proxy(proc, url, gateway, tmp / f"{name}.log")
 
 
 def sample_for(log: Path, rid: str) -> dict:
