@@ -2,8 +2,10 @@
 
 `Renderer(folder)` is the model's own tokenizer and chat template (transformers' `AutoTokenizer`,
 rendering what `apply_chat_template` renders, tools included), loaded from a local folder; it keeps
-the last `RENDER_CACHE` renderings (keyed by exactly what the template sees), the tokenizations
-of recent texts and each token's text.
+the last `RENDER_CACHE` renderings (keyed by exactly what the template sees) and `ENCODE_CACHE`
+tokenizations, each cache within `CACHE_BYTES`, and each token's text. Messages its template
+cannot render are a `BadRequest`. A big call's prompt is built in the worker thread
+(`calls.offload`): the caches are locked, and a chain is replaced, never changed in place.
 `Tito(renderer, tool_parser, router)`: `await answer(session, call, emit)` renders
 the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
 `stream` when the harness streams, awaits `emit(piece)` for each piece of content as tokens arrive

@@ -30,7 +30,7 @@ CALCULATOR = {  # the calculator tool's name, description and JSON schema, for e
 }
 
 
-def wait_ready(proc: subprocess.Popen, ready: Path, timeout: float = 15.0) -> str:
+def wait_ready(proc: subprocess.Popen, ready: Path, timeout: float = 60.0) -> str:
     deadline = time.monotonic() + timeout
     while not ready.exists():
         if proc.poll() is not None:
