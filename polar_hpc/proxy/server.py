@@ -69,7 +69,7 @@ from polar_hpc.proxy.tool_parsers import PARSERS
 log = logging.getLogger("polar_hpc.proxy")
 
 _DRAIN, _DRAIN_S = 4, 10.0  # a refused body is discarded up to 4 times max_body, for 10 s
-_NO_ENGINE_HEADERS = {"Retry-After": "10", "x-should-retry": "true"}
+_NO_ENGINE_HEADERS = {**aborted.RETRY_HEADERS, "Retry-After": "10"}  # an engine restarts slowly
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,10 @@ def test_a_big_call_leaves_other_sessions_heartbeats_and_memory_alone(short_tmp,
             assert status == 400 and "context length" in assert_error("openai_chat", answer)
             sent = [h.t for h in gateway.heartbeats[beats:]]
             gaps = [b - a for a, b in zip(sent, sent[1:])]
-            assert statuses == {200} and len(latencies) >= 5 and max(latencies) < 4, latencies
+            # Their slowest wait on the shared engine (it gets millions of ids to refuse), so the
+            # median says whether the proxy answered them; the heartbeats, whether its loop stalled.
+            assert statuses == {200} and len(latencies) >= 5, latencies
+            assert sorted(latencies)[len(latencies) // 2] < 0.5, latencies
             assert len(gaps) >= 5 and max(gaps) < 4, gaps
             time.sleep(1.5)  # the worker hands the memory back once the call is over
             after.append(rss_mb(p.proc.pid))
