@@ -108,6 +108,8 @@ def proxy(
     tokenizer: Optional[str] = typer.Option(None, help="tito: model folder with the tokenizer (default: the engine's)."),
     tool_parser: str = typer.Option("auto", help="tito: tool-call format: auto, hermes or qwen3_coder."),
     strict_model: bool = typer.Option(False, help="Refuse (404) requests naming another model."),
+    max_body_mb: float = typer.Option(32, min=0.001, help="Larger request bodies get 413."),
+    engine_wait_s: float = typer.Option(30, min=0, help="How long a call waits for an engine while none is up."),
 ) -> None:
     """Serve LLM APIs to harnesses from the engines, recording every call (started by the gateway)."""
     from polar_hpc.proxy.server import ProxyOptions, serve
@@ -115,6 +117,7 @@ def proxy(
     opts = ProxyOptions(
         gateway, tuple(engine_url), host, port, ready_file, model, proxy_id, heartbeat_s,
         peer_timeout_s, unix_socket, mode, tokenizer, tool_parser, strict_model,
+        int(max_body_mb * (1 << 20)), engine_wait_s,
     )
     raise typer.Exit(_guard(lambda: serve(opts)))
 

@@ -77,6 +77,8 @@ class ProxyConfig(_Model):
     tokenizer: str | None = None  # tito: model folder (default: the engine's tokenizer_path)
     tool_parser: Literal["auto", "hermes", "qwen3_coder"] = "auto"
     strict_model: bool = False  # refuse requests naming another model (default: serve ours)
+    max_body_mb: float = Field(32, gt=0)  # larger request bodies get 413
+    engine_wait_s: float = Field(30, ge=0)  # a call waits this long for an engine while none is up
 
 
 class ApptainerConfig(_Model):

@@ -20,7 +20,8 @@ import json
 from typing import Any
 
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, decode_object, number, sse, stops, usage,
+    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, decode_object, number, sse, stops, text_of,
+    usage,
 )
 from polar_hpc.proxy.openai_chat import token as bearer
 
@@ -30,7 +31,7 @@ PATH = "/v1/messages"
 _TYPES = {
     "invalid_request": "invalid_request_error", "context_length": "invalid_request_error",
     "authentication": "authentication_error", "not_found": "not_found_error",
-    "upstream": "api_error", "unavailable": "overloaded_error",
+    "upstream": "api_error", "unavailable": "overloaded_error", "too_large": "request_too_large",
 }
 _STOP = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
 
@@ -71,10 +72,8 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
 
 
 def _text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+    if isinstance(content, (str, list)):
+        return text_of(content, where)
     raise BadRequest(f"{where}: must be a string or an array of blocks", where)
 
 
@@ -92,10 +91,13 @@ def _add_turn(messages: list[dict[str, Any]], turn: Any, where: str) -> None:
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            text.append(block.get("text", ""))
+            text.append(_text([block], f"{where}.content.{j}.text"))
         elif kind == "tool_use" and turn["role"] == "assistant":
+            if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
+                raise BadRequest(f"{where}.content.{j}: a tool_use block needs a string name and an "
+                                 "object input", f"{where}.content.{j}")
             calls.append({"id": block.get("id"), "type": "function", "function": {
-                "name": block.get("name"), "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
+                "name": block["name"], "arguments": json.dumps(block.get("input") or {}, ensure_ascii=False)}})
         elif kind == "tool_result" and turn["role"] == "user":
             messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                              "content": _text(block.get("content", ""), f"{where}.content.{j}.content")})

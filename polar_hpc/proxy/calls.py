@@ -12,17 +12,27 @@ formatting of JSON arguments ignored). `StreamEvents` is the base of each API's 
 (`delta(piece)`: a piece of content or, once complete, a tool call). `sse(data, event)` is one
 Server-Sent Event;
 `usage(outcome)` the token counts; `number(body, key, kind)`, `stops(body, key)` and
-`array(body, key)` read optional fields or raise BadRequest naming them. `new_id()` is a fresh
-32-hex-digit id (this process's random prefix and a counter: uuid4's uniqueness without a
-system call per id).
+`array(body, key)` read optional fields or raise BadRequest naming them; `decode_object(raw)`
+is the body as a JSON object, anything else (not UTF-8, not JSON, nested too deep) a BadRequest;
+`check_messages(messages)` refuses Chat messages of the wrong shape, naming the field. `new_id()`
+is a fresh 32-hex-digit id (this process's random prefix and a counter: uuid4's uniqueness
+without a system call per id). `offload(size, fn, *args)` runs the work of a call whose body is
+over `BIG` bytes (parsing, rendering, tokenizing) in a worker thread, so the event loop keeps
+serving other calls and heartbeats meanwhile; `release_memory()` hands what such a call used back
+to the system once it is over.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import ctypes.util
+import functools
 import itertools
 import json
 import os
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +73,7 @@ class Call:
     logprobs: bool = False  # the harness wants per-token logprobs in its answer
     id: str = field(default_factory=new_id)  # the engine rid, in tito mode
     chat_body: dict[str, Any] | None = None  # openai_chat only: the harness's own body
+    size: int = 0  # bytes of the harness's body: over BIG, the call's work is offloaded
 
 
 @dataclass(frozen=True)
@@ -98,15 +109,17 @@ def assistant_message(outcome: Outcome) -> dict[str, Any]:
     return message
 
 
-def text_of(content: Any) -> str:
-    """The text of a message's content: a string, or the text of its text parts."""
+def text_of(content: Any, where: str = "content", kinds: tuple[str, ...] = ("text",)) -> str:
+    """The text of a message's content: a string, or the text of its parts of `kinds`
+    (BadRequest naming `where` for such a part whose text is not a string)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        return "".join(
-            p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-        )
-    return ""
+    if not isinstance(content, list):
+        return ""
+    texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in kinds]
+    if not all(isinstance(t, str) for t in texts):
+        raise BadRequest(f"{where}: the text of a text part must be a string", where)
+    return "".join(texts)
 
 
 def _arguments(value: Any) -> Any:
@@ -199,8 +212,10 @@ def stops(body: dict[str, Any], key: str) -> list[str]:
 def decode_object(raw: bytes) -> dict[str, Any]:
     try:
         body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
-        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"request body is not valid JSON in UTF-8: {e}") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     return body
@@ -212,3 +227,52 @@ def array(body: dict[str, Any], key: str) -> list[Any]:
     if not isinstance(value, list):
         raise BadRequest(f"{key!r} must be an array", key)
     return value
+
+
+def check_messages(messages: list[Any]) -> None:
+    """Chat messages as the capture modes read them, or BadRequest naming the first bad field."""
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"{where} must be an object", where)
+        if not isinstance(m.get("role"), str):
+            raise BadRequest(f"{where}.role must be a string", f"{where}.role")
+        if not isinstance(m.get("content"), (str, list, type(None))):
+            raise BadRequest(f"{where}.content must be a string, an array of parts or null", f"{where}.content")
+        text_of(m.get("content"), f"{where}.content")
+        for key in ("name", "tool_call_id"):
+            if not isinstance(m.get(key), (str, type(None))):
+                raise BadRequest(f"{where}.{key} must be a string", f"{where}.{key}")
+        calls = m.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise BadRequest(f"{where}.tool_calls must be an array", f"{where}.tool_calls")
+        for j, c in enumerate(calls):
+            fn = c.get("function") if isinstance(c, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
+                    or not isinstance(fn.get("arguments"), (str, dict)):
+                raise BadRequest(f"{where}.tool_calls[{j}] must be an object with a function "
+                                 "{name: string, arguments: string}", f"{where}.tool_calls[{j}]")
+
+
+BIG = 256 << 10  # a body over this many bytes has its work done in the worker thread
+_WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="big-call")
+try:
+    _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc
+    _malloc_trim = None
+
+
+async def offload(size: int, fn, *args):
+    """`fn(*args)`: inline for a call of `size` <= BIG bytes (no thread hop for the common call),
+    else in the one worker thread (other big calls wait their turn: one big call's tokenizing
+    needs about 200 bytes of memory per byte of text at its peak)."""
+    if size <= BIG:
+        return fn(*args)
+    return await asyncio.get_running_loop().run_in_executor(_WORKER, functools.partial(fn, *args))
+
+
+def release_memory() -> None:
+    """Have the worker give the memory big calls used back to the system once it is idle (glibc
+    keeps freed memory in its arenas otherwise: 10 MB calls left the proxy at 1.2 GB)."""
+    if _malloc_trim is not None:
+        _WORKER.submit(_malloc_trim, 0)

@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, assistant_message, decode_object,
-    number, sse, stops, usage,
+    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, assistant_message, check_messages,
+    decode_object, number, sse, stops, usage,
 )
 
 API = "openai_chat"
@@ -31,6 +31,7 @@ _TYPES = {
     "not_found": ("invalid_request_error", "model_not_found"),
     "upstream": ("upstream_error", None),
     "unavailable": ("server_error", None),
+    "too_large": ("invalid_request_error", "request_too_large"),
 }
 
 
@@ -47,13 +48,16 @@ def error_body(status: int, message: str, kind: str, param: str | None = None) -
 def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
     body = decode_object(raw)
     messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+    if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array of objects", "messages")
+    check_messages(messages)
     if body.get("n") not in (None, 1):
         raise BadRequest("only n=1 is supported", "n")
     if not isinstance(body.get("stream_options") or {}, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
     tools = array(body, "tools")
+    if not all(isinstance(t, dict) for t in tools):
+        raise BadRequest("'tools' must be an array of objects", "tools")
     limit = number(body, "max_completion_tokens", int)
     call = Call(
         messages=messages, tools=tools or None,

@@ -69,10 +69,7 @@ def _add_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
         content = item.get("content")
         if not isinstance(content, (str, list)):
             raise BadRequest(f"{where}.content must be a string or an array of parts", f"{where}.content")
-        text = content if isinstance(content, str) else "".join(
-            p.get("text", "") for p in content
-            if isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text")
-        )
+        text = text_of(content, f"{where}.content", ("input_text", "output_text", "text"))
         messages.append({"role": "system" if role == "developer" else role, "content": text})
     elif kind == "function_call":
         for key in ("call_id", "name", "arguments"):
@@ -89,8 +86,8 @@ def _add_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
         if not isinstance(output, (str, list)):
             raise BadRequest(f"{where}.output must be a string or an array", f"{where}.output")
         messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                         "content": output if isinstance(output, str) else text_of(
-                             [dict(p, type="text") for p in output if isinstance(p, dict)])})
+                         "content": text_of([dict(p, type="text") for p in output if isinstance(p, dict)]
+                                            if isinstance(output, list) else output, f"{where}.output")})
     elif kind != "reasoning":
         raise BadRequest(f"{where}: input items of type {kind!r} are not supported", f"{where}.type")
 

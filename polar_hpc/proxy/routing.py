@@ -7,11 +7,14 @@ a new session gets the engine with the fewest calls in flight. When an engine is
 fails (502) before anything was received, it is marked down for `down_s` seconds and the call is
 retried on the next engine, each engine at most once; `retried` lists the engines that failed.
 A 400 (the request's fault) is not retried. `set_engines(urls)` changes the membership (clients
-of engines that left are closed once idle; sessions on them move on their next call).
+of engines that left are closed once idle; sessions on them move on their next call). While there
+is no engine at all (one restarting), a call waits up to `hold_s` for one to register, then fails
+with `EngineError(503)` (`NO_ENGINE`: the harness should retry later).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -19,13 +22,15 @@ from typing import TypeVar
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 
 T = TypeVar("T")
+NO_ENGINE = 503
 
 
 class Router:
-    def __init__(self, urls: list[str], down_s: float = 5.0) -> None:
+    def __init__(self, urls: list[str], down_s: float = 5.0, hold_s: float = 30.0) -> None:
         if not urls:
             raise ValueError("the proxy needs at least one engine URL")
-        self.down_s = down_s
+        self.down_s, self.hold_s = down_s, hold_s
+        self._some = asyncio.Event()  # set while at least one engine is registered
         self._clients: dict[str, EngineClient] = {}
         self._load: dict[str, int] = {}
         self._down_until: dict[str, float] = {}
@@ -43,6 +48,10 @@ class Router:
                 self._clients[url] = EngineClient(url)
                 self._load[url] = 0
         self._gone = [self._clients.pop(u) for u in list(self._clients) if u not in urls]
+        if self._clients:
+            self._some.set()
+        else:
+            self._some.clear()
 
     async def close(self) -> None:
         for client in [*self._clients.values(), *self._gone]:
@@ -70,6 +79,12 @@ class Router:
     async def attempt(
         self, session_id: str, fn: Callable[[EngineClient], Awaitable[T]]
     ) -> tuple[T, list[str]]:
+        if not self._clients:
+            try:
+                await asyncio.wait_for(self._some.wait(), self.hold_s)
+            except TimeoutError:
+                raise EngineError(NO_ENGINE, f"no engine is serving (waited {self.hold_s:g} s for "
+                                  "one to register); retry later") from None
         retried: list[str] = []
         last: EngineError | None = None
         for url in self._order(session_id):
@@ -91,5 +106,6 @@ class Router:
                     self._load[url] -= 1
             self._sticky[session_id] = url
             return result, retried
-        assert last is not None
+        if last is None:  # every engine left while the call waited for its turn
+            raise EngineError(NO_ENGINE, "no engine is serving; retry later")
         raise EngineError(502, f"no engine could answer (tried {len(retried)}): {last.message}")

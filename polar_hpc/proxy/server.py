@@ -20,6 +20,14 @@ returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError befo
   /v1/messages (`anthropic`), each streaming or not, errors in the API's own shape; GET /v1/models
   (no key needed). A body naming another model is answered by the run's model, or refused (404)
   with `strict_model`.
+- Bounds: the API key is checked before any of the body is read (401); a body over `max_body`
+  bytes gets 413. Both are answered at once; what the client still sends is then discarded (up
+  to `_DRAIN` times `max_body`, for `_DRAIN_S`) so a client that writes its whole body first still
+  reads the answer, and the connection is closed if more is coming. A body that is not a
+  well-formed request (not UTF-8, not JSON, nested too deep, fields of the wrong type) gets 400.
+  A body over `calls.BIG` is parsed, rendered and tokenized in a worker thread.
+- No engine registered: a call waits up to `engine_wait_s` for one (`routing.Router`), else gets
+  503 with `Retry-After`. Engine errors are logged with the session, status and message.
 - Capture: `mode` tito (`tito.Tito`: the proxy renders with the model's tokenizer, from
   `tokenizer` or, once an engine answers, the engine's /get_model_info `tokenizer_path`) or passthrough
   (`passthrough.Passthrough`); engines chosen by `routing.Router`.
@@ -30,6 +38,7 @@ returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError befo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -43,23 +52,24 @@ from typing import Any
 import msgspec
 import uvloop
 import zmq.asyncio
-from aiohttp import web
+from aiohttp import ClientError, web
 
 from polar_hpc import wire
 from polar_hpc.config import ConfigError
 from polar_hpc.proxy import aborted, anthropic, openai_responses
 from polar_hpc.proxy import openai_chat as oc
-from polar_hpc.proxy.calls import BadRequest, ToolCall, assistant_message
+from polar_hpc.proxy.calls import BIG, BadRequest, ToolCall, assistant_message, offload, release_memory
 from polar_hpc.proxy.engine_client import EngineError
 from polar_hpc.proxy.gateway_link import GatewayLink
 from polar_hpc.proxy.passthrough import Passthrough
-from polar_hpc.proxy.routing import Router
+from polar_hpc.proxy.routing import NO_ENGINE, Router
 from polar_hpc.proxy.tito import Renderer, Tito
 from polar_hpc.proxy.tool_parsers import PARSERS
 
 log = logging.getLogger("polar_hpc.proxy")
 
-_MAX_BODY = 256 << 20
+_DRAIN, _DRAIN_S = 4, 10.0  # a refused body is discarded up to 4 times max_body, for 10 s
+_NO_ENGINE_HEADERS = {**aborted.RETRY_HEADERS, "Retry-After": "10"}  # an engine restarts slowly
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,8 @@ class ProxyOptions:
     tokenizer: str | None = None  # tito: the model folder; None: ask the engine
     tool_parser: str = "auto"
     strict_model: bool = False
+    max_body: int = 32 << 20  # bytes of a request body; larger ones get 413
+    engine_wait_s: float = 30.0  # how long a call waits for an engine while none is registered
 
 
 def serve(opts: ProxyOptions) -> None:
@@ -124,7 +136,7 @@ class _Proxy:
         self._by_token: dict[str, _Session] = {}
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=_MAX_BODY)
+        app = web.Application(client_max_size=self.opts.max_body)
         for api in _APIS:
             app.router.add_post(api.PATH, functools.partial(self._handle, api))
         app.router.add_get("/v1/models", self._models)
@@ -186,19 +198,48 @@ class _Proxy:
 
     # --- harness side ---------------------------------------------------------------------------
 
+    async def _refuse(self, request: web.Request, answer: web.Response) -> web.Response:
+        """Send `answer` without reading the body, then discard what is still coming (bounded)."""
+        await answer.prepare(request)
+        await answer.write_eof()
+        left = _DRAIN * self.opts.max_body
+        with contextlib.suppress(TimeoutError, OSError, ClientError, web.HTTPException):
+            async with asyncio.timeout(_DRAIN_S):
+                while left > 0 and (piece := await request.content.readany()):
+                    left -= len(piece)
+        if not request.content.is_eof():
+            request.protocol.force_close()
+        return answer
+
     async def _models(self, request: web.Request) -> web.Response:
         model = {"id": self.opts.model, "object": "model", "created": 0, "owned_by": "polar-hpc"}
         return _json(200, {"object": "list", "data": [model]})
 
     async def _handle(self, api, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
         session = self._by_token.get(api.token(request.headers) or "")
-        if session is None:
-            return _unauthorized(api)
+        if session is None:  # before a byte of the body is read
+            return await self._refuse(request, _unauthorized(api))
+        limit = self.opts.max_body
+        too_large = _json(413, api.error_body(
+            413, f"Request body too large: this proxy accepts at most {limit} bytes.", "too_large"))
+        if (request.content_length or 0) > limit:
+            return await self._refuse(request, too_large)
         try:
-            body, call = api.parse(raw)
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # no Content-Length, and more than the limit came
+            return await self._refuse(request, too_large)
+        try:
+            return await self._call(api, session, request, raw)
+        finally:
+            if len(raw) > BIG:
+                release_memory()
+
+    async def _call(self, api, session: _Session, request: web.Request, raw: bytes) -> web.StreamResponse:
+        try:
+            body, call = await offload(len(raw), api.parse, raw)
         except BadRequest as e:
             return _json(400, api.error_body(400, str(e), "invalid_request", e.param))
+        call.size = len(raw)
         asked = body.get("model")
         if self.opts.strict_model and asked not in (None, self.opts.model):
             message = f"The model {asked!r} does not exist; this run serves {self.opts.model!r}."
@@ -248,11 +289,16 @@ class _Proxy:
         except aborted.Aborted as e:
             session.aborted.append(e.weight_version)
             return await aborted.answer(api, e, flight.sent, events)
+        except BadRequest as e:  # found while rendering: nothing was streamed yet
+            return _json(400, api.error_body(400, str(e), "invalid_request", e.param))
         except EngineError as e:
-            kind = "upstream" if e.status != 400 else (
-                "context_length" if "context length" in e.message else "invalid_request")
+            log.warning("session %s: engine error, the harness gets %d: %s", session.session_id,
+                        e.status, e.message[:2000])
+            kind = {400: "context_length" if "context length" in e.message else "invalid_request",
+                    NO_ENGINE: "unavailable"}.get(e.status, "upstream")
             if flight.sent is None:
-                return _json(e.status, api.error_body(e.status, e.message, kind))
+                headers = _NO_ENGINE_HEADERS if e.status == NO_ENGINE else None
+                return _json(e.status, api.error_body(e.status, e.message, kind), headers)
             await flight.sent.write(events.error(e.status, e.message, kind))
             await flight.sent.write_eof()
             return flight.sent
@@ -294,9 +340,10 @@ class _Proxy:
         session.n_calls += 1
 
 
-def _json(status: int, body: dict[str, Any]) -> web.Response:
+def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
-        status=status, body=msgspec.json.encode(body), content_type="application/json"
+        status=status, body=msgspec.json.encode(body), content_type="application/json",
+        headers=headers,
     )
 
 
@@ -330,7 +377,7 @@ async def _run(opts: ProxyOptions) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    mode = _capture_mode(opts, router := Router(list(opts.engine_urls)))
+    mode = _capture_mode(opts, router := Router(list(opts.engine_urls), hold_s=opts.engine_wait_s))
     ctx = zmq.asyncio.Context()
     link = GatewayLink(ctx, opts.gateway, opts.peer_timeout_s)
     proxy = _Proxy(opts, router, mode, link)

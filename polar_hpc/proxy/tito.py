@@ -2,8 +2,10 @@
 
 `Renderer(folder)` is the model's own tokenizer and chat template (transformers' `AutoTokenizer`,
 rendering what `apply_chat_template` renders, tools included), loaded from a local folder; it keeps
-the last `RENDER_CACHE` renderings (keyed by exactly what the template sees), the tokenizations
-of recent texts and each token's text.
+the last `RENDER_CACHE` renderings (keyed by exactly what the template sees) and `ENCODE_CACHE`
+tokenizations, each cache within `CACHE_BYTES`, and each token's text. Messages its template
+cannot render are a `BadRequest`. A big call's prompt is built in the worker thread
+(`calls.offload`): the caches are locked, and a chain is replaced, never changed in place.
 `Tito(renderer, tool_parser, router)`: `await answer(session, call, emit)` renders
 the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
 `stream` when the harness streams, awaits `emit(piece)` for each piece of content as tokens arrive
@@ -26,6 +28,7 @@ import contextlib
 import functools
 import json
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,9 +36,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from jinja2 import TemplateError
 
 from polar_hpc.proxy import aborted
-from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, message_key, new_id
+from polar_hpc.proxy.calls import (
+    BadRequest, Call, Outcome, ToolCall, assistant_message, message_key, new_id, offload,
+)
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
 from polar_hpc.proxy.tool_parsers import CallReader, parser_for
@@ -44,6 +50,38 @@ log = logging.getLogger("polar_hpc.proxy")
 
 MAX_CHAINS = 16
 RENDER_CACHE = 64  # renderings kept: the samples of a task share their first prompts
+ENCODE_CACHE = 256  # tokenizations kept
+CACHE_BYTES = 64 << 20  # what each of the two caches may hold in all, roughly
+
+
+class _Lru:
+    """Recently used values: at most `items`, costing at most `budget` in all (a value costing more
+    is not kept), so a few huge prompts cannot pin the proxy's memory. A lock makes it safe from the
+    threads big calls are worked in (`calls.offload`)."""
+
+    def __init__(self, items: int, budget: int) -> None:
+        self.items, self.budget, self.cost = items, budget, 0
+        self._values: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            entry = self._values.get(key)
+            if entry is None:
+                return None
+            self._values.move_to_end(key)
+            return entry[0]
+
+    def put(self, key: Any, value: Any, cost: int) -> None:
+        if cost > self.budget:
+            return
+        with self._lock:
+            if key in self._values:
+                return
+            self._values[key] = (value, cost)
+            self.cost += cost
+            while len(self._values) > self.items or self.cost > self.budget:
+                self.cost -= self._values.popitem(last=False)[1][1]
 
 
 class Renderer:
@@ -64,39 +102,48 @@ class Renderer:
         self._fast = getattr(self.tokenizer, "backend_tokenizer", None)
         eos = {self.tokenizer.eos_token_id} | set(_generation_eos(Path(self.folder)))
         self.eos_ids = frozenset(i for i in eos if isinstance(i, int))
-        self._rendered: OrderedDict[bytes, str] = OrderedDict()
+        self._rendered = _Lru(RENDER_CACHE, CACHE_BYTES)
+        self._encoded = _Lru(ENCODE_CACHE, CACHE_BYTES)
 
     def text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
         key = msgspec.json.encode((messages, tools, generation))  # all the template sees, exactly
         text = self._rendered.get(key)
-        if text is not None:
-            self._rendered.move_to_end(key)
-            return text
-        text = self._rendered[key] = self._render(messages, tools or None, generation)
-        if len(self._rendered) > RENDER_CACHE:
-            self._rendered.popitem(last=False)
+        if text is None:
+            text = self._render(messages, tools or None, generation)
+            self._rendered.put(key, text, len(key) + len(text))
         return text
 
     def _render(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
         """What `apply_chat_template(messages, tools=tools, tokenize=False,
         add_generation_prompt=generation)` renders, by the same compiled template with the same
         variables, without its per-call deep copy of everything into plain data (decoded JSON is
-        plain data already; that copy took a quarter of the rendering time)."""
+        plain data already; that copy took a quarter of the rendering time). A template that
+        cannot render the harness's messages is the request's fault (BadRequest)."""
         template = self._compile(self.tokenizer.get_chat_template(None, tools))
         chat = [{k: v for k, v in m.items() if v is not None} for m in _templated(messages)]
-        return template.render(
-            messages=self._alias(chat), tools=tools, documents=None,
-            add_generation_prompt=generation, **self._special,
-        )
+        try:
+            return template.render(
+                messages=self._alias(chat), tools=tools, documents=None,
+                add_generation_prompt=generation, **self._special,
+            )
+        except (TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError,
+                RecursionError) as e:
+            raise BadRequest(f"the model's chat template cannot render these messages: {e}",
+                             "messages") from None
 
     def encode(self, text: str) -> list[int]:
-        return list(self._encode(text))
+        ids = self._encoded.get(text)  # the samples of a task all open with the same prompt
+        if ids is None:
+            ids = self._tokenize(text)
+            self._encoded.put(text, ids, len(text) + 40 * len(ids))  # ~40 bytes per int in a tuple
+        return list(ids)
 
-    @functools.lru_cache(maxsize=256)  # the samples of a task all open with the same prompt
-    def _encode(self, text: str) -> tuple[int, ...]:
-        if self._fast is not None:  # the same ids, without transformers' per-call overhead
-            return tuple(self._fast.encode(text, add_special_tokens=False).ids)
-        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+    def _tokenize(self, text: str) -> tuple[int, ...]:
+        if self._fast is None:
+            return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        # The same ids as `encode`, without transformers' per-call overhead, without offsets (half
+        # the time), and with the GIL released, so the event loop runs while a big text is cut.
+        return tuple(self._fast.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
     @functools.lru_cache(maxsize=1 << 16)
     def token_text(self, token_id: int) -> str:
@@ -202,15 +249,20 @@ class Chains:
         """The number of the chain the call extended or started, now through its reply."""
         reply = assistant_message(outcome)
         messages, keys = [*call.messages, reply], [*prompt.keys, message_key(reply)]
-        ids, chain = outcome.prompt_ids + outcome.output_ids, prompt.chain
-        if chain is None:
-            chain = _Chain(self.started, messages, keys, call.tools, ids, prompt.text)
-            self.started += 1
+        if prompt.chain is None:
+            number, self.started = self.started, self.started + 1
+        else:
+            number = prompt.chain.number
+        chain = _Chain(number, messages, keys, call.tools, outcome.prompt_ids + outcome.output_ids,
+                       prompt.text)
+        # A chain is replaced whole, never changed, as `prompt` may read it in another thread.
+        at = next((i for i, c in enumerate(self._chains) if c.number == number), None)
+        if at is None:
             self._chains.append(chain)
             del self._chains[:-MAX_CHAINS]
         else:
-            chain.messages, chain.keys, chain.ids, chain.prompt_text = messages, keys, ids, prompt.text
-        return chain.number
+            self._chains[at] = chain
+        return number
 
 
 class Tito:
@@ -258,7 +310,7 @@ class Tito:
     ) -> Outcome:
         await self._prepare(session_id)
         chains = self._chains.setdefault(session_id, Chains())
-        prompt = chains.prompt(self.renderer, call)
+        prompt = await offload(call.size, chains.prompt, self.renderer, call)
         budget = call.max_tokens
         if budget is None:
             budget = max(self.context_length - len(prompt.ids), 1)

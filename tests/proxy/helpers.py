@@ -30,7 +30,7 @@ CALCULATOR = {  # the calculator tool's name, description and JSON schema, for e
 }
 
 
-def wait_ready(proc: subprocess.Popen, ready: Path, timeout: float = 15.0) -> str:
+def wait_ready(proc: subprocess.Popen, ready: Path, timeout: float = 60.0) -> str:
     deadline = time.monotonic() + timeout
     while not ready.exists():
         if proc.poll() is not None:
@@ -129,8 +129,8 @@ class FakeGateway:
 
 
 class Proxy:
-    def __init__(self, proc: subprocess.Popen, url: str, gateway: FakeGateway) -> None:
-        self.proc, self.url, self.gateway = proc, url, gateway
+    def __init__(self, proc: subprocess.Popen, url: str, gateway: FakeGateway, log: Path) -> None:
+        self.proc, self.url, self.gateway, self.log = proc, url, gateway, log
         self.base_url = url + "/v1"
 
 
@@ -149,7 +149,7 @@ def start_proxy(
     url = wait_ready(proc, ready)
     hello = gateway.expect(wire.ProxyHello)
     assert hello == wire.ProxyHello(proxy_id=name, url=url)
-    return Proxy(proc, url, gateway)
+    return Proxy(proc, url, gateway, tmp / f"{name}.log")
 
 
 def sample_for(log: Path, rid: str) -> dict:
