@@ -25,7 +25,6 @@ from aiohttp import web
 
 from e2e.helpers import live_processes_matching
 from bwrap_required import needs_bwrap
-from polar_hpc import security
 from polar_hpc.client import Client
 from polar_hpc.sandbox import Limits, bwrap
 from polar_hpc.sandbox.bwrap import BwrapSandbox
@@ -266,9 +265,6 @@ def test_sigterm_ignorer_is_killed_at_the_deadline_and_nothing_survives_stop(tmp
 
 PROBE = Path(__file__).with_name("escape_probe.py")
 MODES = ("none", "proxy-only", "host")
-# The per-run engine API key and CURVE on `polar-hpc run`'s control port come from another branch;
-# until they are here, a harness on the host network still reaches both (asserted as an xfail).
-KEYS_LANDED = hasattr(security, "engine_env")
 
 
 def _wait_for(path: Path, job: subprocess.Popen, timeout_s: float = 60) -> dict:
@@ -363,9 +359,6 @@ def test_escapes_through_the_gateway_in_every_network_mode(tmp_path: Path, calcu
     assert [(t.status, t.reward) for t in by_task["calc"]] == [("completed", 1.0)] * 2  # other sessions still run
     assert untouched == planted
     assert written == []
-    if not KEYS_LANDED:
-        host = reports["host"]
-        pytest.xfail(f"no per-run engine key / CURVE in local runs yet: engine {host['post']}, control port {host['zmq']}")
 
 
 def _assert_contained(report: dict, planted: dict, run_dir: Path, other: Path) -> None:
@@ -398,6 +391,6 @@ def _assert_network(report: dict, mode: str, engine: str, engine_at: str, orch_a
         assert report["post"][engine + "/generate"] == "URLError", report["post"]
         return
     assert tcp[engine_at] == tcp[orch_at] == "ok:connected", tcp  # `host` shares the host's network
-    if KEYS_LANDED:  # with the run's keys: the engine refuses a caller without its key, the control port a peer without CURVE
-        assert report["post"][engine + "/generate"] == "ok:401", report["post"]
-        assert report["zmq"][f"tcp://{orch_at}"] == "ok:no answer", report["zmq"]
+    # with the run's keys: the engine refuses a caller without its key, the control port a peer without CURVE
+    assert report["post"][engine + "/generate"] == "ok:401", report["post"]
+    assert report["zmq"][f"tcp://{orch_at}"] == "ok:no answer", report["zmq"]
