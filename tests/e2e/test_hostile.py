@@ -66,7 +66,7 @@ for port in opened:
         finally:
             s.close()
 generated = [p for p, a in answers.items() if a.startswith(b'HTTP/1.1 200')]
-print('open', len(opened), 'http 200 from', generated)
+print('open', len(opened), 'http 200 from', generated, file=sys.stderr)
 sys.exit(1 if generated else 0)
 """
 
@@ -99,9 +99,10 @@ def test_hostile_sessions_hurt_only_themselves(tmp_path: Path) -> None:
         _task("huge-instruction", "test $(wc -c < \"$POLAR_INSTRUCTION_FILE\") -ge 204800",
               instruction="y" * (200 << 10)),
     ]
-    run_dir = tmp_path / "run"
+    run_dir, topology = tmp_path / "run", tmp_path / "topology.yaml"
+    topology.write_text("engine:\n  sample_log: true\n")
     t0 = time.monotonic()
-    result = polar("run", write_jsonl(tmp_path / "tasks.jsonl", tasks), "--run-dir", run_dir, timeout=280)
+    result = polar("run", write_jsonl(tmp_path / "tasks.jsonl", tasks), "-c", topology, "--run-dir", run_dir, timeout=280)
     out = result.stdout + result.stderr
     assert "Traceback" not in out, out
     by_id = {(t.task_id, t.sample_index): t for t in trajectories(run_dir)}
