@@ -76,7 +76,7 @@ def test_nul_bytes_and_bad_env_names_are_refused_at_load(tmp_path: Path) -> None
     result = polar("run", tasks, "--run-dir", run_dir)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     for expected in (f"{tasks}:3: instruction: contains a NUL byte",
-                     f"{tasks}:7: harness.env.A=B.[key]: Value error, 'A=B' is not an environment variable name",
+                     f"{tasks}:7: harness.env.A=B.[key]: 'A=B' is not an environment variable name",
                      f"{tasks}:8: harness.env.OK: contains a NUL byte",
                      f"{tasks}:13: sandbox.prepare.0: contains a NUL byte"):
         assert expected in result.stderr, result.stderr
