@@ -148,7 +148,7 @@ def test_malformed_bodies_get_400_in_their_api_shape(proxy):
 
 def test_an_engine_400_is_in_the_proxy_log(proxy):
     proxy.gateway.open("s", "tok-s")
-    long = [{"role": "user", "content": "calculate 12 + 34 " * 8000}]  # over the 8192-token context
+    long = [{"role": "user", "content": "calculate 12 + 34 " * 40000}]  # over the scripted engine's 65536-token context
     status, _, answer = post(proxy.url, "openai_chat", "tok-s", {"model": MODEL, "messages": long})
     assert status == 400
     message = assert_error("openai_chat", answer)

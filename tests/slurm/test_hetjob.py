@@ -36,10 +36,11 @@ def _submit(env: dict, tmp_path: Path, tasks: Path, **engine) -> tuple[str, Path
 
 
 def _calculator(tmp_path: Path, calculator_dir: Path, n: int, slow_postrun: bool = False) -> Path:
-    """The calculator example with `n` samples (its agent named by absolute path); `slow_postrun`:
-    an evaluator that takes 2 s, so that a stop finds sessions in POSTRUN."""
+    """The calculator example with `n` samples (its agent copied beside the task file: sources must
+    lie in the task's folder); `slow_postrun`: an evaluator that takes 2 s, so that a stop finds
+    sessions in POSTRUN."""
     text = (calculator_dir / "task.yaml").read_text().replace("num_samples: 8", f"num_samples: {n}")
-    text = text.replace("agent.py: agent.py", f"agent.py: {calculator_dir / 'agent.py'}")
+    (tmp_path / "agent.py").write_bytes((calculator_dir / "agent.py").read_bytes())
     if slow_postrun:
         text = text.replace('kind: regex\n  pattern: "\\\\b395\\\\b"', 'kind: command\n  command: "sleep 2"')
         assert "sleep 2" in text
