@@ -37,7 +37,8 @@ async def pauses_under_load(client: Client, url: str, args: argparse.Namespace, 
                             mode: str = "wait") -> list[float]:
     result = []
     body = {"text": "What is 2 + 2?", "sampling_params": {"max_new_tokens": args.tokens}}
-    async with aiohttp.ClientSession() as http:
+    key = {"Authorization": f"Bearer {security.engine_api_key(client.run_dir)}"}  # as the proxy sends it
+    async with aiohttp.ClientSession(headers=key) as http:
         for u in range(args.updates):
             calls = [asyncio.create_task(http.post(f"{url}/generate", json=body)) for _ in range(args.calls if loaded else 0)]
             await asyncio.sleep(args.tokens * args.delay_ms / 2000)  # the calls are half way through
