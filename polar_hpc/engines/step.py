@@ -25,7 +25,7 @@ import zmq
 
 from polar_hpc import procs, security, wire
 from polar_hpc.config import ConfigError, Topology, load_topology
-from polar_hpc.engines import sglang
+from polar_hpc.engines.sglang import launch as sglang
 
 
 def run_step(kind: str, run_dir: Path) -> int:

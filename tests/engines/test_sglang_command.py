@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 from polar_hpc.config import EngineConfig
-from polar_hpc.engines import sglang
+from polar_hpc.engines.sglang import launch as sglang
 from polar_hpc.security import ENGINE_KEY_ENV
 
 
