@@ -237,7 +237,7 @@ def start_router(engine_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
                 return proc, url
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sglang-router did not start: {(tmp / 'router.log').read_text()}")
+                raise RuntimeError(f"sglang-router did not start: {(tmp / 'router.log').read_text()}") from None
             time.sleep(0.2)
 
 
@@ -249,13 +249,13 @@ def figures(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
     out = {"direct_p50_ms": median(lambda r: r["direct"]["p50"]),
            "direct_engine_cpu_ms": median(lambda r: r["direct"]["engine_cpu_ms"])}
     for name in ("proxy", "passthrough", "router"):
-        out[f"{name}_p50_ms"] = median(lambda r: r[name]["p50"])
-        out[f"{name}_added_p50_ms"] = median(lambda r: r[name]["p50"] - r["direct"]["p50"])
-        out[f"{name}_added_p99_ms"] = median(lambda r: r[name]["p99"] - r["direct"]["p99"])
+        out[f"{name}_p50_ms"] = median(lambda r, n=name: r[n]["p50"])
+        out[f"{name}_added_p50_ms"] = median(lambda r, n=name: r[n]["p50"] - r["direct"]["p50"])
+        out[f"{name}_added_p99_ms"] = median(lambda r, n=name: r[n]["p99"] - r["direct"]["p99"])
         out[f"{name}_throughput_ratio"] = median(
-            lambda r: r[name]["calls_per_s"] / r["direct"]["calls_per_s"])
-        out[f"{name}_cpu_ms"] = median(lambda r: r[name]["cpu_ms"])
-        out[f"{name}_engine_cpu_ms"] = median(lambda r: r[name]["engine_cpu_ms"])
+            lambda r, n=name: r[n]["calls_per_s"] / r["direct"]["calls_per_s"])
+        out[f"{name}_cpu_ms"] = median(lambda r, n=name: r[n]["cpu_ms"])
+        out[f"{name}_engine_cpu_ms"] = median(lambda r, n=name: r[n]["engine_cpu_ms"])
     return out
 
 

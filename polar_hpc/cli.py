@@ -36,7 +36,7 @@ def _guard(fn, failures: tuple[type[Exception], ...] = ()):
         _fail(str(e))
     except failures as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
 
 
 @app.command()

@@ -347,7 +347,7 @@ def _validate(model: type[BaseModel], data: Any, path: Path, line_of: Callable, 
         raise ConfigError("\n".join(_describe(err, path, line_of, prefix) for err in e.errors())) from None
 
 
-def _describe(err: dict, path: Path, line_of: Callable, prefix: tuple) -> str:
+def _describe(err: Any, path: Path, line_of: Callable, prefix: tuple) -> str:
     loc = _strip_union_tags(err["loc"])
     field = ".".join(str(x) for x in loc) or "(top level)"
     line = line_of(prefix + loc)

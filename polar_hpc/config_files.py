@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import yaml
@@ -105,7 +105,7 @@ class _BoundedLoader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> yaml.Node:
         mark = self.peek_event().start_mark
         if self.check_event(yaml.AliasEvent):
-            node = super().compose_node(parent, index)
+            node = cast(yaml.Node, super().compose_node(parent, index))
             if id(node) not in self.expanded:
                 raise yaml.composer.ComposerError(None, None, "an alias to a node that contains it", mark)
             return node
@@ -113,7 +113,7 @@ class _BoundedLoader(yaml.SafeLoader):
         try:
             if self._open > MAX_DEPTH:
                 raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels", mark)
-            node = super().compose_node(parent, index)
+            node = cast(yaml.Node, super().compose_node(parent, index))
         finally:
             self._open -= 1
         children = _children(node)

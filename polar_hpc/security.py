@@ -124,7 +124,7 @@ def peer_roles(frame: zmq.Frame, secured: bool) -> frozenset[str]:
         role = frame.get("User-Id")
     except zmq.ZMQError:
         return frozenset()
-    return frozenset({role}) if role in ROLES else frozenset()
+    return frozenset({role}) if isinstance(role, str) and role in ROLES else frozenset()
 
 
 def server_public_key(run_dir: Path) -> str:

@@ -92,7 +92,7 @@ def drive(run_dir: Path) -> int:
     finally:
         code = 0 if outcome in ("finished", "requeued") else 1
         _record(run_dir, "end", outcome=outcome, why=why, left=progress(run_dir).left, code=code)
-    if outcome == "requeued":
+    if outcome == "requeued" and job:  # requeued: only a Slurm job is
         subprocess.run(["scontrol", "requeue", job], check=False)
     return code
 

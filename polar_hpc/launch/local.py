@@ -30,7 +30,7 @@ STAGES = ("queued", "INIT", "READY", "RUN", "POSTRUN")
 
 @dataclass
 class LocalRun:
-    tasks_path: Path
+    tasks_path: Path | None  # None: a service run fed by trainers
     topology_path: Path | None
     run_dir: Path | None
     service: bool = False  # trainers feed the run (polar_hpc.client); it ends when one drains it

@@ -94,7 +94,7 @@ def pad_batch(trajectories: Iterable[Trajectory], pad_id: int = 0, max_len: int 
         raise ValueError(f"task {traj.task_id!r} sample {traj.sample_index}: a trace of {trace.n_tokens} tokens "
                          f"is longer than max_len {max_len}")
     n = len(rows)
-    batch = {
+    batch: dict[str, np.ndarray] = {
         "input_ids": np.full((n, width), pad_id, dtype=np.int64),
         "attention_mask": np.zeros((n, width), dtype=np.int64),
         "loss_mask": np.zeros((n, width), dtype=np.float32),

@@ -67,12 +67,12 @@ def _record_struct(name: str, model: type, replace: dict[str, Any]) -> type:
     return msgspec.defstruct(name, [(f.name, replace.get(f.name, f.type)) for f in msgspec.structs.fields(model)])
 
 
-_TraceRecord = _record_struct("_TraceRecord", Trace, dict.fromkeys(PACKED, bytes))
-_TrajectoryRecord = _record_struct("_TrajectoryRecord", Trajectory, {"traces": list[_TraceRecord]})
+_TraceRecord: Any = _record_struct("_TraceRecord", Trace, dict.fromkeys(PACKED, bytes))
+_TrajectoryRecord: Any = _record_struct("_TrajectoryRecord", Trajectory, {"traces": list[_TraceRecord]})
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=_packed_bytes)
 _header_decoder = msgspec.msgpack.Decoder(Header)
-_record_decoder = msgspec.msgpack.Decoder(_TrajectoryRecord)
+_record_decoder: msgspec.msgpack.Decoder[Any] = msgspec.msgpack.Decoder(_TrajectoryRecord)
 
 
 def frame(payload: bytes) -> tuple[bytes, bytes]:
@@ -104,14 +104,17 @@ def decode_trajectory(payload: bytes) -> Trajectory:
     try:
         record = _record_decoder.decode(payload)
         traces = [_trace(t) for t in record.traces]
-        return Trajectory(*(traces if name == "traces" else getattr(record, name) for name in record.__struct_fields__))
+        fields: dict[str, Any] = {name: traces if name == "traces" else getattr(record, name)
+                                  for name in record.__struct_fields__}
+        return Trajectory(**fields)
     except (msgspec.DecodeError, ValueError) as e:
         raise FormatError(-1, f"bad trajectory record: {e}") from None
 
 
 def _trace(record: Any) -> Trace:
     fields = zip(record.__struct_fields__, msgspec.structs.astuple(record))
-    return Trace(*(_unpack(PACKED[name], value) if name in PACKED else value for name, value in fields))
+    values: dict[str, Any] = {name: _unpack(PACKED[name], value) if name in PACKED else value for name, value in fields}
+    return Trace(**values)
 
 
 def read_frames(f: BinaryIO, start: int = 0) -> Iterator[tuple[int, bytes]]:

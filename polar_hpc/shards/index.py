@@ -86,9 +86,9 @@ def check(shards_dir: Path, sealed: list[Path]) -> list[str]:
                 problems.append(f"{path}: the entry for {entry['shard']} names no sealed shard")
     for shard in sealed:
         if shard.name not in listed:
-            writer = parse_name(shard.name)[0]
-            problems.append(f"{shard}: sealed but not in {index_path(shards_dir, writer)} (a follower reads it only "
-                            "once the journal names it)" if writer else
+            owner = parse_name(shard.name)[0]
+            problems.append(f"{shard}: sealed but not in {index_path(shards_dir, owner)} (a follower reads it only "
+                            "once the journal names it)" if owner else
                             f"{shard}: not named <writer>-<seq>.shard: in no index, and no follower reads it")
     return problems
 

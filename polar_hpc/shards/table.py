@@ -10,6 +10,7 @@ import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, cast
 
 from rich.console import Console
 from rich.table import Table
@@ -20,6 +21,7 @@ from polar_hpc.shards.batch import Filter
 from polar_hpc.shards.decisions import Decisions
 from polar_hpc.shards.export import export as export_rows
 from polar_hpc.shards.follow import Follower
+from polar_hpc.trajectory.model import Trajectory
 from polar_hpc.shards.reader import records, rows, shard_files
 
 COLUMNS = ("task_id", "sample_index", "status", "reward", "traces", "tokens")
@@ -68,7 +70,7 @@ def ls(run_dir: Path, json_lines: bool) -> None:
     _check(run_dir)
     shards = run_dir / "shards"
     entries = {e["shard"]: e for w in index.writer_ids(shards) for _, e in index.read_entries(index.index_path(shards, w))}
-    listing = []
+    listing: list[dict[str, Any]] = []
     for path in shard_files(run_dir):
         e = entries.get(path.name)
         listing.append({
@@ -102,11 +104,11 @@ def verify_run(run_dir: Path) -> int:
     decisions = Decisions(run_dir)
     decisions.update()  # after the shards: every key a record was read of was queued before
     problems += decisions.problems
-    for (task, sample), (session, shard) in sorted(decisions.accepted.items()):
+    for (task, sample), (session, named) in sorted(decisions.accepted.items()):
         copies = where.get(session, set())
-        if shard and shard not in copies:
-            what = (f"in no sealed shard (expected in {shard}; still open if its writer is running)" if not copies else
-                    f"not in {shard}, the shard its result names (the copy in {', '.join(sorted(copies))} does not count)")
+        if named and named not in copies:
+            what = (f"in no sealed shard (expected in {named}; still open if its writer is running)" if not copies else
+                    f"not in {named}, the shard its result names (the copy in {', '.join(sorted(copies))} does not count)")
             problems.append(f"task {task!r} sample {sample}: session {session}, accepted by the journal, is {what}")
     if decisions.exists():
         problems += [f"{shard}: byte offset {offset}: session {session} is of task {key[0]!r} sample {key[1]}, "
@@ -134,7 +136,8 @@ def follow(run_dir: Path, cursor: Path | None, keep: Filter, json_lines: bool, i
     follower = Follower(run_dir, cursor=cursor, filter=keep, idle_timeout_s=idle_timeout_s)
     code, end = 0, ""
     try:
-        for traj in follower:
+        for item in follower:
+            traj = cast(Trajectory, item)  # no group_by: one trajectory at a time
             row = {"task_id": traj.task_id, "sample_index": traj.sample_index, "status": traj.status,
                    "reward": traj.reward, "traces": len(traj.traces), "tokens": traj.n_tokens}
             text = json.dumps(row) if json_lines else " ".join(f"{k}={'' if v is None else v}" for k, v in row.items())

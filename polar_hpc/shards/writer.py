@@ -19,6 +19,7 @@ rename and index append) are indexed. At most one live writer per `writer_id`; n
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -94,7 +95,7 @@ class ShardWriter:
             self.seal()
         elif end - self._synced >= self.sync_bytes:
             self._synced = end
-            self._sealer.put(lambda fd=self._file.fileno(): os.fdatasync(fd))
+            self._sealer.put(functools.partial(os.fdatasync, self._file.fileno()))
         return name
 
     def maybe_roll(self) -> None:

@@ -42,7 +42,8 @@ def test_100k_task_suite_reaches_its_first_dispatch_quickly(tmp_path: Path) -> N
                             start_new_session=True)
     try:
         first = _first_dispatch(run_dir / "journal" / "orchestrator.jsonl", proc, t0 + FIRST_DISPATCH_S * 2)
-        assert first is not None, f"no session dispatched (exit {proc.poll()}): {proc.stderr.read1(4000) if proc.poll() is not None else ''}"
+        died = proc.stderr.read1(4000) if proc.poll() is not None else ""
+        assert first is not None, f"no session dispatched (exit {proc.poll()}): {died}"
         took = first - t0
         print(f"\n{N_TASKS} tasks: first dispatch {took:.1f} s after `polar-hpc run` started")
         assert took < FIRST_DISPATCH_S, f"first dispatch after {took:.1f} s"

@@ -10,8 +10,10 @@ from conftest import polar
 from polar_hpc.harness.shell import environment
 from tests.e2e.helpers import trajectories, write_jsonl
 
-OPENAI = "import openai; r = openai.OpenAI().chat.completions.create(model='m', messages=[{'role': 'user', 'content': 'hi'}], max_tokens=8); open('out.txt', 'w').write('ok')"
-ANTHROPIC = "import anthropic; r = anthropic.Anthropic().messages.create(model='m', max_tokens=8, messages=[{'role': 'user', 'content': 'hi'}]); open('out.txt', 'w').write('ok')"
+OPENAI = ("import openai; r = openai.OpenAI().chat.completions.create(model='m', "
+          "messages=[{'role': 'user', 'content': 'hi'}], max_tokens=8); open('out.txt', 'w').write('ok')")
+ANTHROPIC = ("import anthropic; r = anthropic.Anthropic().messages.create(model='m', max_tokens=8, "
+             "messages=[{'role': 'user', 'content': 'hi'}]); open('out.txt', 'w').write('ok')")
 
 
 def test_environment_names_both_apis(tmp_path: Path) -> None:

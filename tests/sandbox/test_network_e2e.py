@@ -7,7 +7,6 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
 
 from conftest import polar
 from bwrap_required import needs_bwrap

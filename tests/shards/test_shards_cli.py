@@ -7,7 +7,6 @@ import time
 
 from conftest import polar
 from polar_hpc.shards import ShardWriter
-from polar_hpc.shards.format import FRAME
 
 from shards.helpers import journal, queued, result
 

@@ -109,7 +109,8 @@ def test_regex_reads_an_answer_given_through_a_tool_call(sandbox, record):
     both = _answering_through_a_tool(record, '{"answer": "395"}', text="Done.")
     assert run(RegexEvaluator(kind="regex", pattern=r"Done\.\n395"), sandbox, both).reward == 1.0
     # an earlier reply does not count; a wrong answer through the tool scores 0
-    assert run(RegexEvaluator(kind="regex", pattern="390"), sandbox, _answering_through_a_tool(record, '{"answer": "1"}')).reward == 0.0
+    wrong = _answering_through_a_tool(record, '{"answer": "1"}')
+    assert run(RegexEvaluator(kind="regex", pattern="390"), sandbox, wrong).reward == 0.0
     assert run(spec, sandbox, _answering_through_a_tool(record, '{"answer": "3950"}')).reward == 0.0
 
 
