@@ -30,6 +30,8 @@ from polar_hpc import procs, security, wire
 from polar_hpc.config import Topology, load_topology
 from polar_hpc.engines import kinds
 
+STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL to what is left of a server's process group
+
 
 def run_step(kind: str, run_dir: Path) -> int:
     kinds.get(kind)  # an unknown kind: ConfigError
@@ -37,14 +39,14 @@ def run_step(kind: str, run_dir: Path) -> int:
     host = socket.gethostname()
     node = os.environ.get("SLURMD_NODENAME", host)
     print(f"engine step on {node}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}", flush=True)
-    servers = _start_servers(kind, topology, run_dir, node, security.engine_env(run_dir))
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal may reach every step: the driver acts on it
         signal.signal(sig, lambda signum, _frame: print(f"signal {signum}: left to the driver", flush=True))
-    sock = None
+    sock, servers = None, []
     try:
+        _start_servers(kind, topology, run_dir, node, security.engine_env(run_dir), servers)
         urls = [_wait_healthy(child, port, host, topology, stopping) for child, port in servers]
         sock = _connect(run_dir, stopping)
         if sock is None:
@@ -68,11 +70,12 @@ def run_step(kind: str, run_dir: Path) -> int:
             for i in range(len(servers)):
                 sock.send(wire.encode(wire.EngineBye(engine_id=f"{node}-{i}")))
             sock.close(linger=1000)
-        procs.stop([child for child, _ in servers], grace_s=10.0)
+        procs.stop([child for child, _ in servers], grace_s=STOP_GRACE_S)
 
 
-def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str,
-                   base_env: dict[str, str]) -> list[tuple[procs.Child, int]]:
+def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str, base_env: dict[str, str],
+                   servers: list[tuple[procs.Child, int]]) -> None:
+    """Start the node's servers, appending each to `servers` as it starts (so all are stopped)."""
     engine, logs, launch = topology.engine, run_dir / "logs", kinds.get(kind).launch
     if launch is None:  # the scripted engine: one CPU server
         port = _free_port()
@@ -81,8 +84,8 @@ def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str,
         args += ["--token-delay-ms", str(engine.token_delay_ms)]
         if engine.script:
             args += ["--script", engine.script]
-        return [(procs.spawn(f"engine-{node}", args, logs / f"engine-{node}.log", base_env), port)]
-    servers = []
+        servers.append((procs.spawn(f"engine-{node}", args, logs / f"engine-{node}.log", base_env), port))
+        return
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     for i, devices in enumerate(split_devices(visible, topology.slurm.gpu.gpus, engine.tp_size)):
         env = launch.environment(base_env, run_dir / "cache" / f"engine-{node}-{i}")
@@ -90,8 +93,10 @@ def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str,
             env["CUDA_VISIBLE_DEVICES"] = devices
         port = engine.port + i
         argv = launch.command(engine, "0.0.0.0", port)
-        servers.append((procs.spawn_command(f"{kind}-{node}-{i}", argv, logs / f"engine-{node}-{i}.log", env), port))
-    return servers
+        try:
+            servers.append((procs.spawn_command(f"{kind}-{node}-{i}", argv, logs / f"engine-{node}-{i}.log", env), port))
+        except OSError as e:  # engine.python missing or not executable
+            raise procs.ChildFailed(f"{kind} server {i}: cannot run {argv[0]}: {e.strerror}") from None
 
 
 def split_devices(visible: str | None, gpus: int, tp_size: int) -> list[str | None]:
