@@ -31,7 +31,11 @@ def check_mode(mode: str) -> None:
 async def update_all(urls: list[str], update_one: Callable[[aiohttp.ClientSession, str], Awaitable[None]],
                      timeout_s: float, api_key: str | None) -> tuple[float, list[str]]:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers) as http:
+    # a connection per request: a server that failed a request may close its connection under the next one
+    # (vLLM after a failed load), and the resume that must follow may not be lost on it
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s), headers=headers,
+                                     connector=connector) as http:
         results = await asyncio.gather(*(_timed(update_one, http, url) for url in urls))
     return max((pause for pause, _ in results), default=0.0), [f"{u}: {err}" for u, (_, err) in zip(urls, results) if err]
 
