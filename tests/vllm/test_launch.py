@@ -21,12 +21,13 @@ HERE = Path(__file__).parent
 def test_command_line() -> None:
     engine = EngineConfig(kind="vllm", model="qwen3-8b", model_path="/models/Qwen3-8B", tp_size=4,
                           python="/opt/vllm/bin/python", extra_args=["--max-model-len", "8192", "--tool-call-parser", "qwen3_coder"])
-    assert launch.command(engine, "0.0.0.0", 30001) == [
-        "/opt/vllm/bin/python", "-c", launch.LAUNCH, "--model", "/models/Qwen3-8B",
-        "--served-model-name", "qwen3-8b", "--host", "0.0.0.0", "--port", "30001", "--tensor-parallel-size", "4",
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        "--max-model-len", "8192", "--tool-call-parser", "qwen3_coder",  # the user's args come last: they win
-    ]
+    argv = launch.command(engine, "0.0.0.0", 30001)
+    assert argv[:3] == ["/opt/vllm/bin/python", "-c", launch.LAUNCH]
+    assert " ".join(argv[3:]) == (
+        "--model /models/Qwen3-8B --served-model-name qwen3-8b --host 0.0.0.0 --port 30001 --tensor-parallel-size 4"
+        " --enable-auto-tool-choice --tool-call-parser hermes"
+        " --max-model-len 8192 --tool-call-parser qwen3_coder"  # the user's args come last: they win
+    )
     default = launch.command(EngineConfig(kind="vllm", model="org/m"), "h", 1)
     assert default[0] == sys.executable and default[4] == "org/m"
     assert "vllm.entrypoints.openai.api_server" in launch.LAUNCH  # not the `vllm` console script

@@ -1,6 +1,6 @@
 """SGLang on a node: the server command line and its environment.
 
-`command(engine, host, port)` runs `sglang.launch_server` with the Python `engine.python` (default:
+`command(engine, host, port)` (engines.server) runs `sglang.launch_server` with the Python `engine.python` (default:
 polar-hpc's own) and the model path, served model name, host, port, tp size and the user's
 `extra_args`, in that order (a later flag wins in SGLang's argparse), through a few lines of
 Python (`LAUNCH`) that add `--api-key` from the environment variable `security.ENGINE_KEY_ENV` when
@@ -10,10 +10,10 @@ command line other users of the node can read (`ps`). `environment(base, cache_d
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from polar_hpc.config import EngineConfig
+from polar_hpc.engines import server
 from polar_hpc.security import ENGINE_KEY_ENV
 
 LAUNCH = (
@@ -25,15 +25,7 @@ LAUNCH = (
 
 
 def command(engine: EngineConfig, host: str, port: int) -> list[str]:
-    return [
-        engine.python or sys.executable, "-c", LAUNCH,
-        "--model-path", engine.model_path or engine.model,
-        "--served-model-name", engine.model,
-        "--host", host,
-        "--port", str(port),
-        "--tp-size", str(engine.tp_size),
-        *engine.extra_args,
-    ]
+    return server.command(engine, LAUNCH, host, port, "--model-path", "--tp-size")
 
 
 def environment(base: dict[str, str], cache_dir: Path) -> dict[str, str]:

