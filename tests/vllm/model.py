@@ -1,10 +1,9 @@
-"""The model the vLLM tests serve (a stub until the trained tiny model lands: the dev model)."""
+"""The model the vLLM tests serve (a stub until the trained tiny model is merged)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 
 def model_dir() -> Path:
-    return Path(os.environ.get("POLAR_VLLM_MODEL", "/work/vllm/model-dev"))
+    return Path("/work/vllm/model-dev")

