@@ -44,7 +44,8 @@ def run_step(kind: str, run_dir: Path) -> int:
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal may reach every step: the driver acts on it
         signal.signal(sig, lambda signum, _frame: print(f"signal {signum}: left to the driver", flush=True))
-    sock, servers = None, []
+    sock = None
+    servers: list[tuple[procs.Child, int]] = []
     try:
         _start_servers(kind, topology, run_dir, node, security.engine_env(run_dir), servers)
         urls = [_wait_healthy(child, port, host, topology, stopping) for child, port in servers]

@@ -9,8 +9,9 @@ engine step of a Slurm run does (`polar-hpc engine --kind KIND --run-dir RUN`, e
 registers its server with the orchestrator, which relays it to the gateway. The run
 shows sessions moving through the pipeline, and when every session has ended shuts the processes
 down and prints a summary read back from the shards. With `--service` (or `service.enabled`) the run
-starts with no tasks (or the file's) and goes on until a trainer drains it (docs/service.md). Ctrl-C stops every process; sessions that were
-running are written as `cancelled`, so nothing captured is lost.
+starts with no tasks (or the file's) and goes on until a trainer drains it (docs/service.md).
+Ctrl-C stops every process; sessions that were running are written as `cancelled`, so nothing
+captured is lost.
 """
 
 from __future__ import annotations

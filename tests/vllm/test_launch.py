@@ -19,8 +19,9 @@ HERE = Path(__file__).parent
 
 
 def test_command_line() -> None:
+    extra = ["--max-model-len", "8192", "--tool-call-parser", "qwen3_coder"]
     engine = EngineConfig(kind="vllm", model="qwen3-8b", model_path="/models/Qwen3-8B", tp_size=4,
-                          python="/opt/vllm/bin/python", extra_args=["--max-model-len", "8192", "--tool-call-parser", "qwen3_coder"])
+                          python="/opt/vllm/bin/python", extra_args=extra)
     argv = launch.command(engine, "0.0.0.0", 30001)
     assert argv[:3] == ["/opt/vllm/bin/python", "-c", launch.LAUNCH]
     assert " ".join(argv[3:]) == (

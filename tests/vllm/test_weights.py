@@ -3,8 +3,9 @@ starts it from `engine.python`, waits for /health and registers it; the run's ke
 but /health (the weight-update routes included); weight updates in both modes while streamed calls
 are in flight: `wait` lets them finish, `abort` ends them aborted; greedy output changes with a
 perturbed checkpoint and comes back bit-identical (ids and logprobs) with the original; a path
-that holds no checkpoint fails the update and leaves the engine serving, unpaused, on its version; the versions the run reports are the ones
-the updates set; SIGTERM deregisters the server and leaves no process of it behind.
+that holds no checkpoint fails the update and leaves the engine serving, unpaused, on its version;
+the versions the run reports are the ones the updates set; SIGTERM deregisters the server and
+leaves no process of it behind.
 
 Needs a Python with vLLM (POLAR_VLLM_PYTHON); skipped without one unless POLAR_REQUIRE_VLLM=1."""
 

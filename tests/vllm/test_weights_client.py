@@ -35,7 +35,8 @@ async def _serve(fail: set[str]) -> tuple[web.AppRunner, str, list[str]]:
     return runner, f"http://127.0.0.1:{port}", calls
 
 
-def _update(tmp_path: Path, fail: set[str], mode: str, path: Path | None = None) -> tuple[tuple[float, list[str]], list[str], str]:
+def _update(tmp_path: Path, fail: set[str], mode: str,
+            path: Path | None = None) -> tuple[tuple[float, list[str]], list[str], str]:
     async def scenario():
         runner, url, calls = await _serve(fail)
         try:
