@@ -286,7 +286,7 @@ def image_build(
 
 @app.command()
 def engine(
-    kind: str = typer.Option("scripted", help="'scripted' (CPU test/demo engine) or 'sglang' (with --run-dir)."),
+    kind: str = typer.Option("scripted", help="'scripted' (CPU test/demo engine), 'sglang' or 'vllm' (with --run-dir)."),
     run_dir: Optional[Path] = typer.Option(
         None, help="Engine step of a Slurm run: start the servers, register them with the orchestrator."
     ),
@@ -300,19 +300,20 @@ def engine(
     context_length: Optional[int] = typer.Option(None, help="Longest prompt + output, in tokens (default 65536)."),
     model_name: str = typer.Option("polar-scripted", help="Model name the engine serves."),
 ) -> None:
-    """Run an inference engine that speaks SGLang's HTTP API."""
+    """Run the scripted engine, or (with --run-dir) a run's engine step: its servers, registered."""
     from polar_hpc.config import SCRIPTED_CONTEXT
-    from polar_hpc.engines import scripted
+    from polar_hpc.engines import kinds
+    from polar_hpc.engines.scripted import server as scripted
 
+    if kind not in kinds.KINDS:
+        _fail(f"engine --kind: unknown kind {kind!r} (known: {', '.join(kinds.KINDS)})")
     if run_dir is not None:
         from polar_hpc.engines.step import main
 
         _guard(lambda: main(kind, run_dir))
         return
-    if kind == "sglang":
-        _fail("engine --kind sglang: needs --run-dir (it runs as the engine step of a Slurm run)")
     if kind != "scripted":
-        _fail(f"engine --kind: unknown kind {kind!r} (known: scripted, sglang)")
+        _fail(f"engine --kind {kind}: needs --run-dir (it runs as the engine step of a run)")
     options = scripted.ScriptedOptions(
         host=host,
         port=port,

@@ -40,13 +40,14 @@ class _Model(BaseModel):
 
 
 class EngineConfig(_Model):
-    kind: Literal["scripted", "sglang"] = "scripted"
+    kind: Literal["scripted", "sglang", "vllm"] = "scripted"
     model: str = "polar-scripted"
-    model_path: str | None = None  # sglang: weights folder or hub id (default: `model`)
-    tp_size: int = Field(1, ge=1)  # sglang: GPUs per server; a GPU node runs gpus/tp_size servers
-    port: int = Field(30000, ge=1, le=65535)  # sglang: first server's port on its node
-    extra_args: list[str] = []  # sglang: appended to `python -m sglang.launch_server`
-    startup_timeout_s: float = Field(1800.0, gt=0)  # sglang: until /health answers
+    model_path: str | None = None  # sglang/vllm: weights folder or hub id (default: `model`)
+    python: str | None = None  # sglang/vllm: the Python that runs the server (default: polar-hpc's own)
+    tp_size: int = Field(1, ge=1)  # sglang/vllm: GPUs per server; a GPU node runs gpus/tp_size servers
+    port: int = Field(30000, ge=1, le=65535)  # sglang/vllm: first server's port on its node
+    extra_args: list[str] = []  # sglang/vllm: appended to the server's command line
+    startup_timeout_s: float = Field(1800.0, gt=0)  # sglang/vllm: until /health answers
     script: str | None = None  # scripted engine: policy rules file
     token_delay_ms: float = Field(0.0, ge=0)
     weight_version: str = "v0"

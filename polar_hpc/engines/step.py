@@ -1,12 +1,15 @@
 """The engine step of a Slurm run (`polar-hpc engine --kind KIND --run-dir RUN`), one per GPU node.
 
-It starts the node's engine servers (SGLang: one per `tp_size` GPUs; scripted: one, on the CPU),
+It starts the node's engine servers (SGLang, vLLM: one per `tp_size` GPUs of the node, server i on
+port `engine.port + i` with its own slice of CUDA_VISIBLE_DEVICES (`split_devices`), vLLM's cache in
+`<run>/cache/engine-NODE-i`; scripted: one, on the CPU; `engines.kinds` says how each kind starts),
 waits until each answers GET /health, registers each URL and weight version with the orchestrator
 found through `<run>/rendezvous.json` (EngineHello, over CURVE with the run's engine key), heartbeats,
 and on Shutdown from the orchestrator or SIGTERM/SIGINT deregisters (EngineBye) and stops the
 servers (SIGUSR1/SIGUSR2 are trapped and left to the driver). A server that
-exits takes the step down with code 1 (the driver restarts the step). The servers get the run's
-engine API key in their environment and demand it on every route but /health. Anything else the
+exits takes the step down with code 1 (the driver restarts the step); stopping is SIGTERM to each
+server's process group, SIGKILL after a grace. The servers get the run's engine API key in their
+environment and demand it on every route but /health. Anything else the
 orchestrator sends (a malformed message included) is logged and skipped.
 """
 
@@ -24,25 +27,27 @@ from pathlib import Path
 import zmq
 
 from polar_hpc import procs, security, wire
-from polar_hpc.config import ConfigError, Topology, load_topology
-from polar_hpc.engines.sglang import launch as sglang
+from polar_hpc.config import Topology, load_topology
+from polar_hpc.engines import kinds
+
+STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL to what is left of a server's process group
 
 
 def run_step(kind: str, run_dir: Path) -> int:
-    if kind not in ("scripted", "sglang"):
-        raise ConfigError(f"engine --kind: unknown kind {kind!r} (known: scripted, sglang)")
+    kinds.get(kind)  # an unknown kind: ConfigError
     topology = load_topology(run_dir / "topology.yaml")
     host = socket.gethostname()
     node = os.environ.get("SLURMD_NODENAME", host)
     print(f"engine step on {node}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}", flush=True)
-    servers = _start_servers(kind, topology, run_dir, node, security.engine_env(run_dir))
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
     for sig in (signal.SIGUSR1, signal.SIGUSR2):  # Slurm's --signal may reach every step: the driver acts on it
         signal.signal(sig, lambda signum, _frame: print(f"signal {signum}: left to the driver", flush=True))
     sock = None
+    servers: list[tuple[procs.Child, int]] = []
     try:
+        _start_servers(kind, topology, run_dir, node, security.engine_env(run_dir), servers)
         urls = [_wait_healthy(child, port, host, topology, stopping) for child, port in servers]
         sock = _connect(run_dir, stopping)
         if sock is None:
@@ -66,30 +71,41 @@ def run_step(kind: str, run_dir: Path) -> int:
             for i in range(len(servers)):
                 sock.send(wire.encode(wire.EngineBye(engine_id=f"{node}-{i}")))
             sock.close(linger=1000)
-        procs.stop([child for child, _ in servers], grace_s=10.0)
+        procs.stop([child for child, _ in servers], grace_s=STOP_GRACE_S)
 
 
-def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str,
-                   base_env: dict[str, str]) -> list[tuple[procs.Child, int]]:
-    engine, logs = topology.engine, run_dir / "logs"
-    if kind == "scripted":
+def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str, base_env: dict[str, str],
+                   servers: list[tuple[procs.Child, int]]) -> None:
+    """Start the node's servers, appending each to `servers` as it starts (so all are stopped)."""
+    engine, logs, launch = topology.engine, run_dir / "logs", kinds.get(kind).launch
+    if launch is None:  # the scripted engine: one CPU server
         port = _free_port()
         args = ["engine", "--kind", "scripted", "--host", "0.0.0.0", "--port", str(port)]
         args += ["--model-name", engine.model, "--weight-version", engine.weight_version]
         args += ["--token-delay-ms", str(engine.token_delay_ms)]
         if engine.script:
             args += ["--script", engine.script]
-        return [(procs.spawn(f"engine-{node}", args, logs / f"engine-{node}.log", base_env), port)]
-    servers = []
+        servers.append((procs.spawn(f"engine-{node}", args, logs / f"engine-{node}.log", base_env), port))
+        return
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    for i, devices in enumerate(sglang.split_devices(visible, topology.slurm.gpu.gpus, engine.tp_size)):
-        env = dict(base_env)
+    for i, devices in enumerate(split_devices(visible, topology.slurm.gpu.gpus, engine.tp_size)):
+        env = launch.environment(base_env, run_dir / "cache" / f"engine-{node}-{i}")
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
         port = engine.port + i
-        argv = sglang.command(engine, "0.0.0.0", port)
-        servers.append((procs.spawn_command(f"sglang-{node}-{i}", argv, logs / f"engine-{node}-{i}.log", env), port))
-    return servers
+        argv = launch.command(engine, "0.0.0.0", port)
+        try:
+            servers.append((procs.spawn_command(f"{kind}-{node}-{i}", argv, logs / f"engine-{node}-{i}.log", env), port))
+        except OSError as e:  # engine.python missing or not executable
+            raise procs.ChildFailed(f"{kind} server {i}: cannot run {argv[0]}: {e.strerror}") from None
+
+
+def split_devices(visible: str | None, gpus: int, tp_size: int) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES for each server of the node (None: leave the variable as it is)."""
+    devices = [d for d in (visible or "").split(",") if d] or [str(i) for i in range(gpus)]
+    if len(devices) < tp_size:
+        return [visible]
+    return [",".join(devices[i * tp_size:(i + 1) * tp_size]) for i in range(len(devices) // tp_size)]
 
 
 def _shutdown(sock: zmq.Socket) -> bool:

@@ -2,11 +2,16 @@
 
 Validates the task file and topology first (nothing is started on bad input), lays out the run
 directory with the run's keys (as a Slurm run: CURVE on every TCP link, the engine's API key, so
-other users of the machine can neither connect nor call the engine), starts the scripted engine, the orchestrator and one gateway (which starts its proxy),
+other users of the machine can neither connect nor call the engine), starts the engine, the
+orchestrator and one gateway (which starts its proxy). The scripted engine is given to the
+orchestrator and gateway by URL; any other kind (`engine.kind: vllm` on a CPU machine) runs as the
+engine step of a Slurm run does (`polar-hpc engine --kind KIND --run-dir RUN`, engines.step): it
+registers its server with the orchestrator, which relays it to the gateway. The run
 shows sessions moving through the pipeline, and when every session has ended shuts the processes
 down and prints a summary read back from the shards. With `--service` (or `service.enabled`) the run
-starts with no tasks (or the file's) and goes on until a trainer drains it (docs/service.md). Ctrl-C stops every process; sessions that were
-running are written as `cancelled`, so nothing captured is lost.
+starts with no tasks (or the file's) and goes on until a trainer drains it (docs/service.md).
+Ctrl-C stops every process; sessions that were running are written as `cancelled`, so nothing
+captured is lost.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from polar_hpc import procs, security, wire
-from polar_hpc.config import ConfigError, Topology, load_topology
+from polar_hpc.config import Topology
+from polar_hpc.engines import kinds
 from polar_hpc.launch.rundir import prepare
 from polar_hpc.launch.summary import print_summary
 
@@ -37,17 +43,22 @@ class LocalRun:
 
 
 def run_local(spec: LocalRun, console: Console) -> int:
-    if load_topology(spec.topology_path).engine.kind != "scripted":
-        raise ConfigError(f"{spec.topology_path}: engine.kind: 'polar-hpc run' runs the scripted engine only")
     run_dir, tasks, topology = prepare(spec.tasks_path, spec.topology_path, spec.run_dir, spec.service)
     security.create_keys(run_dir)
     t0 = time.monotonic()
     children: list[procs.Child] = []
     interrupted = False
     try:
-        engine_url = _start_engine(run_dir, topology, children)
-        endpoint = _start_orchestrator(run_dir, children, engine_url)
-        args = ["gateway", "--run-dir", str(run_dir), "--orchestrator", endpoint, "--engine-url", engine_url]
+        if kinds.get(topology.engine.kind).launch is None:  # the scripted engine, by URL
+            engine_url = _start_engine(run_dir, topology, children)
+            endpoint = _start_orchestrator(run_dir, children, [engine_url])
+            engine_args = ["--engine-url", engine_url]
+        else:  # registered by its engine step
+            endpoint = _start_orchestrator(run_dir, children, [])
+            step = ["engine", "--kind", topology.engine.kind, "--run-dir", str(run_dir)]
+            children.insert(0, procs.spawn("engine", step, run_dir / "logs" / "step-engine-local.log"))
+            engine_args = []
+        args = ["gateway", "--run-dir", str(run_dir), "--orchestrator", endpoint, *engine_args]
         children.append(procs.spawn("gateway", args + ["--gateway-id", "local0"], run_dir / "logs" / "gateway-local.log"))
         if topology.service.enabled:
             console.print(f"service run in {run_dir}: trainers connect with polar_hpc.client.Client(run_dir)")
@@ -75,9 +86,9 @@ def _start_engine(run_dir: Path, topology: Topology, children: list) -> str:
     return procs.wait_ready(children[-1], ready)["url"]
 
 
-def _start_orchestrator(run_dir: Path, children: list, engine_url: str) -> str:
+def _start_orchestrator(run_dir: Path, children: list, engine_urls: list[str]) -> str:
     log = run_dir / "logs" / "orchestrator.log"
-    args = ["orchestrator", "--run-dir", str(run_dir), "--engine-url", engine_url]
+    args = ["orchestrator", "--run-dir", str(run_dir)] + [a for url in engine_urls for a in ("--engine-url", url)]
     children.append(procs.spawn("orchestrator", args, log))
     return procs.wait_ready(children[-1], run_dir / "rendezvous.json")["endpoint"]
 

@@ -20,7 +20,7 @@ Service mode (`service.enabled`): the run has no fixed task list. Trainers add b
 (SubmitTasks, or files in `<run>/inbox/`), idempotent by task id; more queued sessions than
 `service.max_queued` answer Busy and take nothing. CancelTasks cancels a batch or a task (queued
 sessions at once, running ones through their gateway). UpdateWeights makes every engine (those
-registered and those given with `--engine-url`) load new weights (`engines.weights`, in the
+registered and those given with `--engine-url`) load new weights (`engines.kinds`, in the
 request's mode or `service.weight_update_mode`); an engine that registers later
 with other weights (a restarted engine step) is given the newest at once. The run is done only after Drain,
 once every session has ended. A resumed service run queues again what trainers had added.
@@ -44,7 +44,7 @@ import zmq.asyncio
 
 from polar_hpc import security, wire
 from polar_hpc.config import ConfigError, Task, load_tasks, load_topology
-from polar_hpc.engines import weights
+from polar_hpc.engines import kinds
 from polar_hpc.orchestrator import service
 from polar_hpc.orchestrator.peers import Refusals, Route
 from polar_hpc.orchestrator.journal import Journal, replay, service_events
@@ -261,8 +261,8 @@ class Orchestrator:
         return self._submit(msg.batch_id, msg.tasks, msg.max_staleness)
 
     def _weights_request(self, identity: bytes, msg: wire.UpdateWeights) -> wire.Refused | None:
-        if msg.mode not in (None, *weights.MODES):
-            return wire.Refused(error=f"weight update mode {msg.mode!r} is not known ({', '.join(weights.MODES)})")
+        if msg.mode not in (None, *kinds.MODES):
+            return wire.Refused(error=f"weight update mode {msg.mode!r} is not known ({', '.join(kinds.MODES)})")
         asyncio.get_running_loop().create_task(self._update_weights(identity, msg))  # answers when done
         return None
 
@@ -375,8 +375,9 @@ class Orchestrator:
             mode = msg.mode or self.service.weight_update_mode
             self.journal.write("weights_update", path=msg.model_path, weight_version=msg.weight_version, engines=urls,
                                mode=mode)
-            pause_ms, errors = await weights.update_engines(urls, msg.model_path, msg.weight_version, mode,
-                                                            self.service.weight_update_timeout_s, self.engine_key)
+            update = kinds.get(self.topology.engine.kind).weights.update_engines
+            pause_ms, errors = await update(urls, msg.model_path, msg.weight_version, mode,
+                                            self.service.weight_update_timeout_s, self.engine_key)
             failed = {e.split(": ", 1)[0] for e in errors}
             for url in self.static_engines:
                 if url not in failed:

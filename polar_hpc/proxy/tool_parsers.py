@@ -18,6 +18,9 @@ None, calls)` is one reader fed the whole text:
   render content before calls);
 - a call block that does not parse (or is cut off) before the first call is content (the harness
   sees what the model wrote); after it, it is dropped.
+
+`parse_tool_calls(text)` is the whole-reply hermes reader the scripted engine answers with: all
+blocks must parse, else the reply is plain content.
 """
 
 from __future__ import annotations
@@ -27,14 +30,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from polar_hpc.engines.chat_format import parse_tool_calls
-
 PARSERS = ("auto", "hermes", "qwen3_coder")
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION_OPEN, _FUNCTION_CLOSE = "<function=", "</function>"
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*)</function>", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -183,3 +185,30 @@ def _typed(value: str, schema: dict[str, Any]) -> Any:
     ok = {"integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
     wanted = ok.get(kind)
     return parsed if wanted is not None and isinstance(parsed, wanted) else value
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, str]]]:
+    """Split a reply into (content or None, [{"name", "arguments" (a JSON string)}]).
+
+    Content is the text before the first `<tool_call>` block, less one trailing newline. A reply
+    with no block, or with a block that is not a JSON object with a string "name", is plain
+    content: (text, []).
+    """
+    blocks = list(_TOOL_CALL.finditer(text))
+    calls = []
+    for block in blocks:
+        try:
+            call = json.loads(block.group(1))
+        except ValueError:
+            return text, []
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+            return text, []
+        arguments = call.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        calls.append({"name": call["name"], "arguments": arguments})
+    if not calls:
+        return text, []
+    content = text[: blocks[0].start()]
+    content = content[:-1] if content.endswith("\n") else content
+    return content or None, calls

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from polar_hpc.engines import build_tokenizer
-from polar_hpc.engines.chat_format import ASSET_DIR, ChatFormat, parse_tool_calls
+from polar_hpc.engines.scripted import build_tokenizer
+from polar_hpc.engines.scripted.chat_format import ASSET_DIR, ChatFormat
+from polar_hpc.proxy.tool_parsers import parse_tool_calls
 
 CALC = {
     "type": "function",

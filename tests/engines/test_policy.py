@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from polar_hpc.engines.chat_format import ChatFormat
-from polar_hpc.engines.policy import Policy, Reply, logprobs
-from polar_hpc.engines.scripted_model import SamplingParams, ScriptedModel
+from polar_hpc.engines.scripted.chat_format import ChatFormat
+from polar_hpc.engines.scripted.policy import Policy, Reply, logprobs
+from polar_hpc.engines.scripted.model import SamplingParams, ScriptedModel
 from polar_hpc.config import ConfigError
 
 CALC = {"type": "function", "function": {"name": "calculator", "parameters": {}}}

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from polar_hpc.engines.chat_format import ChatFormat
-from polar_hpc.engines.policy import logprobs
+from polar_hpc.engines.scripted.chat_format import ChatFormat
+from polar_hpc.engines.scripted.policy import logprobs
 
 POLAR = Path(sys.executable).parent / "polar-hpc"
 CALC = {

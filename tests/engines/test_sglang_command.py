@@ -8,13 +8,14 @@ from pathlib import Path
 
 from polar_hpc.config import EngineConfig
 from polar_hpc.engines.sglang import launch as sglang
+from polar_hpc.engines.step import split_devices
 from polar_hpc.security import ENGINE_KEY_ENV
 
 
 def test_command_line() -> None:
     engine = EngineConfig(kind="sglang", model="qwen3-8b", model_path="/models/Qwen3-8B", tp_size=4,
-                          extra_args=["--mem-fraction-static", "0.8", "--tp-size", "2"])
-    assert sglang.command(engine, "0.0.0.0", 30001, python="/venv/bin/python") == [
+                          python="/venv/bin/python", extra_args=["--mem-fraction-static", "0.8", "--tp-size", "2"])
+    assert sglang.command(engine, "0.0.0.0", 30001) == [
         "/venv/bin/python", "-c", sglang.LAUNCH, "--model-path", "/models/Qwen3-8B",
         "--served-model-name", "qwen3-8b", "--host", "0.0.0.0", "--port", "30001", "--tp-size", "4",
         "--mem-fraction-static", "0.8", "--tp-size", "2",  # the user's args come last: they win
@@ -23,10 +24,10 @@ def test_command_line() -> None:
 
 
 def test_gpus_split_into_servers_of_tp_size() -> None:
-    assert sglang.split_devices("0,1,2,3,4,5,6,7", 8, 4) == ["0,1,2,3", "4,5,6,7"]
-    assert sglang.split_devices("3,5", 2, 1) == ["3", "5"]
-    assert sglang.split_devices(None, 2, 2) == ["0,1"]  # no variable: the node's GPUs by count
-    assert sglang.split_devices("0", 1, 8) == ["0"]  # fewer GPUs than tp_size: one server, as given
+    assert split_devices("0,1,2,3,4,5,6,7", 8, 4) == ["0,1,2,3", "4,5,6,7"]
+    assert split_devices("3,5", 2, 1) == ["3", "5"]
+    assert split_devices(None, 2, 2) == ["0,1"]  # no variable: the node's GPUs by count
+    assert split_devices("0", 1, 8) == ["0"]  # fewer GPUs than tp_size: one server, as given
 
 
 def test_the_api_key_reaches_sglang_but_no_command_line(tmp_path: Path) -> None:

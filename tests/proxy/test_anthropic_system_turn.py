@@ -7,7 +7,7 @@ import anthropic
 import pytest
 
 from polar_hpc import wire
-from polar_hpc.engines.chat_format import ChatFormat
+from polar_hpc.engines.scripted.chat_format import ChatFormat
 
 from proxy.helpers import check_capture
 

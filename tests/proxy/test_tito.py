@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from polar_hpc import wire
-from polar_hpc.engines.chat_format import ASSET_DIR, ChatFormat
+from polar_hpc.engines.scripted.chat_format import ASSET_DIR, ChatFormat
 from polar_hpc.proxy.tito import RENDER_CACHE, Renderer, _templated
 
 from proxy.helpers import CALCULATOR, MODEL, check_capture, extends, start_engine, start_proxy, stop

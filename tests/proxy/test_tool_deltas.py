@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from polar_hpc import wire
-from polar_hpc.engines.chat_format import ChatFormat
+from polar_hpc.engines.scripted.chat_format import ChatFormat
 
 from proxy.helpers import MODEL, FakeGateway, check_capture, start_engine, start_proxy, stop
 

@@ -23,12 +23,12 @@ from typing import Any
 import jinja2
 from aiohttp import web
 
-from polar_hpc.engines.chat_format import parse_tool_calls
-from polar_hpc.engines.scripted_http import (
+from polar_hpc.engines.scripted.http import (
     MODEL, get_bool, get_int, get_stop, pace, read_json, sse,
 )
-from polar_hpc.engines.scripted_model import BadRequest, Generation, SamplingParams, ScriptedModel
-from polar_hpc.engines.scripted_weights import abort_signal
+from polar_hpc.engines.scripted.model import BadRequest, Generation, SamplingParams, ScriptedModel
+from polar_hpc.engines.scripted.weights import abort_signal
+from polar_hpc.proxy.tool_parsers import parse_tool_calls
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

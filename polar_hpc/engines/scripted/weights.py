@@ -22,8 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
-from polar_hpc.engines.scripted_http import MODEL, read_json
-from polar_hpc.engines.scripted_model import BadRequest
+from polar_hpc.engines.scripted.http import MODEL, read_json
+from polar_hpc.engines.scripted.model import BadRequest
 
 GENERATION_PATHS = ("/generate", "/v1/chat/completions")
 ABORT_MESSAGE = "aborted by /pause_generation (mode abort)"

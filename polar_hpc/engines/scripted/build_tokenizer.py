@@ -1,9 +1,9 @@
-"""Build the scripted engine's tokenizer: `python -m polar_hpc.engines.build_tokenizer [OUT_DIR]`.
+"""Build the scripted engine's tokenizer: `python -m polar_hpc.engines.scripted.build_tokenizer [OUT_DIR]`.
 
 Trains a small byte-level BPE (HF `tokenizers`, vocabulary of 4096 ids) on a corpus generated here
 from a fixed seed (English-ish words, numbers, arithmetic, JSON tool calls, code), and writes
 `tokenizer.json` + `tokenizer_config.json` (HF format, with the ChatML chat template) to OUT_DIR,
-by default `polar_hpc/engines/assets/scripted/`. The output is byte-for-byte deterministic; the
+by default `polar_hpc/engines/scripted/assets/`. The output is byte-for-byte deterministic; the
 generated files are committed, so this only needs rerunning when the corpus or template changes.
 
 Ids: 0 `<|endoftext|>`, 1 `<|im_start|>`, 2 `<|im_end|>` (special); 4092 `<tool_call>`,
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-ASSET_DIR = Path(__file__).parent / "assets" / "scripted"
+ASSET_DIR = Path(__file__).parent / "assets"
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 VOCAB_SIZE = 4096

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar_hpc.engines.chat_format import ChatFormat
-from polar_hpc.engines.policy import Policy, logprobs
+from polar_hpc.engines.scripted.chat_format import ChatFormat
+from polar_hpc.engines.scripted.policy import Policy, logprobs
 
 
 class BadRequest(Exception):

@@ -1,4 +1,4 @@
-"""Tokenizer + ChatML chat template of the scripted engine, and hermes-style tool-call parsing.
+"""Tokenizer + ChatML chat template of the scripted engine.
 
 `ChatFormat` loads an HF-format tokenizer folder (default: the committed scripted assets) and
 renders conversations with the folder's `chat_template` exactly as transformers would (Jinja2
@@ -7,23 +7,21 @@ sandbox, trim_blocks/lstrip_blocks, a `tojson` that keeps key order and non-ASCI
 Contract (the prefix-extension invariant): if the engine samples `encode(R) + [im_end_id]` after a
 prompt P rendered with `add_generation_prompt=True`, then rendering the conversation extended with
 the assistant message the OpenAI API returns for R (its content, or the tool calls
-`parse_tool_calls(R)` finds, arguments as a JSON string) tokenizes to `encode(P) + encode(R) +
-[im_end_id] + ...`, token for token, provided R is canonical: no leading whitespace, and tool calls
-written as the template writes them.
+`proxy.tool_parsers.parse_tool_calls(R)` finds, arguments as a JSON string) tokenizes to
+`encode(P) + encode(R) + [im_end_id] + ...`, token for token, provided R is canonical: no leading
+whitespace, and tool calls written as the template writes them.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
-ASSET_DIR = Path(__file__).parent / "assets" / "scripted"
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+ASSET_DIR = Path(__file__).parent / "assets"
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -76,30 +74,3 @@ class ChatFormat:
         return self._template.render(
             messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt
         )
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, str]]]:
-    """Split a reply into (content or None, [{"name", "arguments" (a JSON string)}]).
-
-    Content is the text before the first `<tool_call>` block, less one trailing newline. A reply
-    with no block, or with a block that is not a JSON object with a string "name", is plain
-    content: (text, []).
-    """
-    blocks = list(_TOOL_CALL.finditer(text))
-    calls = []
-    for block in blocks:
-        try:
-            call = json.loads(block.group(1))
-        except ValueError:
-            return text, []
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return text, []
-        arguments = call.get("arguments", {})
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments, ensure_ascii=False)
-        calls.append({"name": call["name"], "arguments": arguments})
-    if not calls:
-        return text, []
-    content = text[: blocks[0].start()]
-    content = content[:-1] if content.endswith("\n") else content
-    return content or None, calls

@@ -5,9 +5,9 @@ SGLang. Replies come from regex rules over the prompt text (`policy.py`), tokens
 byte-level BPE with a ChatML template (`chat_format.py`), logprobs from a hash.
 
 Routes: POST /generate (SGLang native, streaming or not), POST /v1/chat/completions (OpenAI Chat
-with tools, logprobs and SGLang's `return_token_ids`; in `scripted_chat.py`), GET /health,
+with tools, logprobs and SGLang's `return_token_ids`; in `chat.py`), GET /health,
 GET /get_model_info, GET /v1/models, and SGLang's weight-update routes (/pause_generation,
-/update_weights_from_disk, /continue_generation; in `scripted_weights.py`). With the environment
+/update_weights_from_disk, /continue_generation; in `weights.py`). With the environment
 variable `security.ENGINE_KEY_ENV` set (the run's engine API key), every route but /health demands
 it as `Authorization: Bearer`, like SGLang's `--api-key`. `serve(options)` blocks: it listens (port 0: a free port), writes `{"url": ...}` to the ready file atomically, and
 returns after SIGTERM/SIGINT. A bad rules file raises ConfigError before anything listens.
@@ -30,15 +30,15 @@ from typing import Any
 from aiohttp import web
 
 from polar_hpc.config import SCRIPTED_CONTEXT
-from polar_hpc.engines.chat_format import ChatFormat
-from polar_hpc.engines.policy import Policy
-from polar_hpc.engines.scripted_chat import chat_completions
-from polar_hpc.engines.scripted_http import (
+from polar_hpc.engines.scripted.chat_format import ChatFormat
+from polar_hpc.engines.scripted.policy import Policy
+from polar_hpc.engines.scripted.chat import chat_completions
+from polar_hpc.engines.scripted.http import (
     API_KEY, MODEL, get_bool, get_int, get_stop, json_errors, pace, read_json, require_key, sse,
 )
-from polar_hpc.engines.scripted_model import BadRequest, Generation, SamplingParams, ScriptedModel
-from polar_hpc.engines.scripted_weights import add_routes as add_weight_routes
-from polar_hpc.engines.scripted_weights import ABORT_MESSAGE, abort_signal, generation_gate
+from polar_hpc.engines.scripted.model import BadRequest, Generation, SamplingParams, ScriptedModel
+from polar_hpc.engines.scripted.weights import add_routes as add_weight_routes
+from polar_hpc.engines.scripted.weights import ABORT_MESSAGE, abort_signal, generation_gate
 from polar_hpc.security import ENGINE_KEY_ENV
 
 

@@ -23,7 +23,7 @@ import yaml
 
 from polar_hpc.config import ConfigError
 
-DEFAULT_RULES = Path(__file__).parent / "assets" / "scripted" / "rules.yaml"
+DEFAULT_RULES = Path(__file__).parent / "assets" / "rules.yaml"
 _GROUP_REF = re.compile(r"\\g<([^>]*)>|\\(\d+)")
 
 

