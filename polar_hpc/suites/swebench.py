@@ -30,7 +30,7 @@ KEYS = ("instance_id", "problem_statement")  # a JSONL file whose first record h
 class Instance(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
-    instance_id: str = Field(pattern=TASK_ID.pattern)
+    instance_id: str
     problem_statement: str = Field(min_length=1)
     image: str = Field(min_length=1)
     test_command: str = Field(min_length=1)
@@ -42,6 +42,13 @@ class Instance(BaseModel):
     test_patch: str | None = None
     workdir: str = "/testbed"
     timeout_s: float = Field(1800.0, gt=0, le=86400)
+
+    @pydantic.field_validator("instance_id")
+    @classmethod
+    def _task_id(cls, value: str) -> str:
+        if not TASK_ID.fullmatch(value) or ".." in value:
+            raise ValueError(f"not usable as a task id (1-256 of A-Z a-z 0-9 . _ - : @ + = /, no '..'): {value[:80]!r}")
+        return value
 
     @pydantic.field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
