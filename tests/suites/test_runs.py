@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import polar
-from e2e.helpers import trajectories
+from e2e.helpers import check_fidelity, engine_samples, trajectories
 from sandbox.bwrap_required import needs_bwrap
 from suites.helpers import EXAMPLES, TASKS, copy_task
 
@@ -57,8 +57,10 @@ def test_hostile_harnesses_gain_nothing(tmp_path: Path) -> None:
     suite = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="polar-suite-"))
     suite.chmod(0o755)  # readable by the harness's user: only hiding keeps tests/ and solution/ from it
     try:
-        for case in ("tamper", "binary", "nogit", "commit"):
+        for case in ("tamper", "binary", "nogit", "commit", "disk"):
             copy_task(suite, f"{case}-median")
+        toml = suite / "disk-median" / "task.toml"
+        toml.write_text(toml.read_text().replace("storage_mb = 256", "storage_mb = 2"))
         tamper = suite / "tamper-median"
         command = f"""
 case "$POLAR_SESSION_ID" in
@@ -72,6 +74,7 @@ tamper*)
 binary*) {FIX} && python3 -c 'open("blob.bin", "wb").write(bytes(range(256)) * 4)';;
 nogit*) {FIX} && rm -rf .git;;
 commit*) {FIX} && git -c user.name=a -c user.email=a@b commit -qam fixed;;
+disk*) head -c 8000000 /dev/zero > big; sleep 5;;
 esac
 """
         ref = tmp_path / "hostile.yaml"
@@ -102,3 +105,23 @@ esac
 
     t = by_id["commit-median"]
     assert (t.status, t.reward) == ("completed", 1.0), t.metadata  # the diff is against the base, not HEAD
+
+    t = by_id["disk-median"]  # task.toml's storage_mb bounds the session's disk
+    assert (t.status, t.reward) == ("error", None)
+    assert t.metadata["error"] == f"harness killed: disk limit exceeded (max_disk_bytes={2 << 20})"
+
+
+def test_mini_swe_agent_fixes_a_task_token_exact(tmp_path: Path) -> None:
+    """mini-swe-agent (unchanged) edits fix-median through the proxy (examples/swe/rules.yaml); the
+    hidden tests pass in the fresh sandbox, and each session is one token-exact trace."""
+    run_dir = tmp_path / "mini"
+    result = polar("run", EXAMPLES / "mini_swe_agent.yaml", "-c", EXAMPLES / "topology.yaml",
+                   "--run-dir", run_dir, timeout=280)
+    assert result.returncode == 0, result.stdout + result.stderr
+    samples = engine_samples(run_dir)
+    trajs = trajectories(run_dir)
+    assert [(t.task_id, t.status, t.reward) for t in trajs] == [("fix-median", "completed", 1.0)] * 2
+    for t in trajs:
+        assert t.metadata["workspace_diff"]["data"].startswith("diff --git a/stats.py b/stats.py")
+        assert t.metadata["workspace_diff"]["data"].count("diff --git") == 1  # its own files left out
+        assert len(t.traces) == 1 and check_fidelity(t.traces[0], samples) == 2
