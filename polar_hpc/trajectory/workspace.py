@@ -6,7 +6,8 @@
   which is the workspace, the instruction file, caches, `__pycache__`) are excluded through
   .git/info/exclude. SandboxError when git fails (e.g. no git in the image).
 - `capture(sandbox) -> bytes`: `git diff --binary` of everything in the workspace (what .gitignore
-  does not hide) against that base: the harness's changes, binary files included. DiffError when
+  does not hide) against that base: the harness's changes, binary files included (what git cannot
+  add, such as a nested repository without a commit, is left out). DiffError when
   git fails (the harness broke .git) or the diff exceeds MAX_DIFF_BYTES.
 - `apply(sandbox, rel)`: `git apply` the diff file `rel` of the workspace; DiffError with git's
   output when it does not apply.
@@ -31,7 +32,7 @@ EXCLUDED = ("/instruction.txt", "/.polar/", "/.codex/", "/.claude/", "/.claude.j
 _SNAPSHOT = (f"{{ [ -d .git ] || {GIT} init -q; }} && mkdir -p .git/info && printf '%s\\n' {' '.join(map(shlex.quote, EXCLUDED))} "
              f">> .git/info/exclude && {GIT} add -A && {GIT} commit -q --allow-empty --no-verify -m 'polar: base' "
              f"&& {GIT} update-ref refs/polar/base HEAD")
-_CAPTURE = f"{GIT} add -A && {GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv refs/polar/base"
+_CAPTURE = f"{GIT} add -A --ignore-errors; {GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv refs/polar/base"
 
 
 class DiffError(Exception):
