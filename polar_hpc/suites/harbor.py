@@ -67,8 +67,8 @@ def is_task(path: Path) -> bool:
 
 def load(path: Path, harness: HarnessSpec) -> list[Task]:
     folders = [path] if is_task(path) else _subfolders(path)
-    tasks, problems = [], []
-    for folder in folders:
+    tasks, problems = [], [f"{p}: a symbolic link (not followed): not a task folder" for p in folders if p.is_symlink()]
+    for folder in (f for f in folders if not f.is_symlink()):
         try:
             tasks.append(load_task(folder, harness))
         except ConfigError as e:
@@ -87,7 +87,7 @@ def _subfolders(path: Path) -> list[Path]:
         raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
     if len(entries) > MAX_TASKS:
         raise ConfigError(f"{path}: more than {MAX_TASKS} entries")
-    return [p for p in entries if p.is_dir() and not p.is_symlink()]
+    return [p for p in entries if p.is_dir()]  # links to folders too, to be refused
 
 
 def load_task(folder: Path, harness: HarnessSpec) -> Task:

@@ -53,6 +53,7 @@ def test_every_problem_of_every_task_named_with_file_line_and_field(tmp_path: Pa
     no_env = copy_task(tmp_path, "e-no-env")
     (no_env / "environment" / "Dockerfile").unlink()
     copy_task(tmp_path, "f-fine")
+    (tmp_path / "g-link").symlink_to(tmp_path / "f-fine")
     err = check_fails("tasks", "check", tmp_path)
     assert f"{bad_toml}/task.toml:4: agent.timeout_sec: Input should be a valid number" in err
     assert f"{bad_toml}/task.toml:7: environment.cpus: Input should be greater than 0" in err
@@ -61,6 +62,7 @@ def test_every_problem_of_every_task_named_with_file_line_and_field(tmp_path: Pa
     assert f"{missing}/tests/test.sh: tests/test.sh: no such file" in err
     assert f"{linked}/solution/solve.sh: solution/solve.sh: a symbolic link on the way" in err
     assert f"{no_env}/environment/Dockerfile: environment: neither a Dockerfile nor" in err
+    assert f"{tmp_path}/g-link: a symbolic link (not followed): not a task folder" in err
     assert "f-fine" not in err
     run_dir = tmp_path / "never"
     check_fails("run", tmp_path, "--run-dir", run_dir)
