@@ -169,7 +169,8 @@ class HarnessSpec(_Model):
     """`shell` runs `command`; a preset writes its harness's config and runs it (`command`, if
     given, replaces the preset's command line); `oracle` runs the task's `solution`, `noop` nothing."""
 
-    kind: Literal["shell", "mini_swe_agent", "codex", "claude_code", "opencode", "qwen_code", "oracle", "noop"] = "shell"
+    kind: Literal["shell", "mini_swe_agent", "codex", "claude_code", "opencode", "qwen_code", "oracle",
+                  "noop"] = "shell"
     command: _Text | None = None
     env: dict[_EnvName, _Text] = Field(default_factory=dict)
 

@@ -38,8 +38,8 @@ from polar_hpc.config import CommandEvaluator, PoolConfig, Task, TestsEvaluator
 from polar_hpc.harness import presets
 from polar_hpc.sandbox import Factory, Sandbox, SandboxError, files
 from polar_hpc.shards.writer import ShardWriter
-from polar_hpc.trajectory.builders import build
 from polar_hpc.trajectory import workspace as diffs
+from polar_hpc.trajectory.builders import build
 from polar_hpc.trajectory.evaluators import evaluate
 from polar_hpc.trajectory.model import Trajectory
 

@@ -18,7 +18,7 @@ those that size their own requests are given `CONTEXT_TOKENS` and `OUTPUT_TOKENS
 | claude_code | Anthropic Messages, streaming | env only (ANTHROPIC_*, IS_SANDBOX) | `claude -p` |
 | opencode | OpenAI Chat, streaming | `opencode.json` (openai-compatible provider) | `opencode run` |
 | qwen_code | OpenAI Chat, streaming | `~/.qwen/settings.json`, env OPENAI_* | `qwen --yolo -p` |
-| oracle | none: the task's solution | `.polar/oracle/` (solution folder, `solution.patch`) | `git apply`, `bash solve.sh` |
+| oracle | none: the task's solution | `.polar/oracle/` (solution, `solution.patch`) | `git apply`, `bash solve.sh` |
 | noop | none | nothing | `true` |
 
 `oracle` and `noop` validate a suite before training (oracle scores 1.0, noop 0.0 on a sound

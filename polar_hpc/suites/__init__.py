@@ -18,8 +18,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar_hpc.config import (MAX_SAMPLES, MAX_SESSIONS, ConfigError, HarnessSpec, Task, duplicate_ids, load_tasks,
-                              validate_data)
+from polar_hpc.config import (
+    MAX_SAMPLES,
+    MAX_SESSIONS,
+    ConfigError,
+    HarnessSpec,
+    Task,
+    duplicate_ids,
+    load_tasks,
+    validate_data,
+)
 from polar_hpc.config_files import MAX_YAML_BYTES, read_text, read_yaml
 from polar_hpc.suites import harbor, swebench
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from polar_hpc.config import Task
 from polar_hpc import suites
+from polar_hpc.config import Task
 
 
 def show(path: Path, console: Console) -> None:

@@ -26,8 +26,17 @@ from typing import Any
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from polar_hpc.config import (MAX_TIMEOUT_S, TASK_ID, ConfigError, HarnessSpec, Task, TaskSandbox, TaskSolution,
-                              TestsEvaluator, resolve_source)
+from polar_hpc.config import (
+    MAX_TIMEOUT_S,
+    TASK_ID,
+    ConfigError,
+    HarnessSpec,
+    Task,
+    TaskSandbox,
+    TaskSolution,
+    TestsEvaluator,
+    resolve_source,
+)
 from polar_hpc.config_files import read_text
 
 MAX_INSTRUCTION_BYTES = 1 << 20

@@ -29,10 +29,11 @@ GIT = ("git -c user.name=polar -c user.email=polar@localhost -c core.hooksPath=/
 ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
 EXCLUDED = ("/instruction.txt", "/.polar/", "/.codex/", "/.claude/", "/.claude.json", "/.qwen/", "/opencode.json",
             "/.cache/", "/.config/", "/.local/", "/.npm/", "__pycache__/", "*.pyc")
-_SNAPSHOT = (f"{{ [ -d .git ] || {GIT} init -q; }} && mkdir -p .git/info && printf '%s\\n' {' '.join(map(shlex.quote, EXCLUDED))} "
-             f">> .git/info/exclude && {GIT} add -A && {GIT} commit -q --allow-empty --no-verify -m 'polar: base' "
-             f"&& {GIT} update-ref refs/polar/base HEAD")
-_CAPTURE = f"{GIT} add -A --ignore-errors; {GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv refs/polar/base"
+_SNAPSHOT = (f"{{ [ -d .git ] || {GIT} init -q; }} && mkdir -p .git/info && "
+             f"printf '%s\\n' {' '.join(map(shlex.quote, EXCLUDED))} >> .git/info/exclude && {GIT} add -A && "
+             f"{GIT} commit -q --allow-empty --no-verify -m 'polar: base' && {GIT} update-ref refs/polar/base HEAD")
+_CAPTURE = (f"{GIT} add -A --ignore-errors; "
+            f"{GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv refs/polar/base")
 
 
 class DiffError(Exception):

@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import polar
-from polar_hpc import suites
 from suites.helpers import EXAMPLES, TASKS, copy_task, suite_file
+
+from polar_hpc import suites
 
 
 def check_fails(*args) -> str:
@@ -41,7 +41,8 @@ def test_examples_check_and_load_as_tasks() -> None:
 
 def test_every_problem_of_every_task_named_with_file_line_and_field(tmp_path: Path) -> None:
     bad_toml = copy_task(tmp_path, "a-bad-toml")
-    (bad_toml / "task.toml").write_text('version = "1.0"\n\n[agent]\ntimeout_sec = "soon"\n\n[environment]\ncpus = -1\n')
+    (bad_toml / "task.toml").write_text(
+        'version = "1.0"\n\n[agent]\ntimeout_sec = "soon"\n\n[environment]\ncpus = -1\n')
     syntax = copy_task(tmp_path, "b-syntax")
     (syntax / "task.toml").write_text('[agent]\ntimeout_sec = 3\n[[[broken\n')
     missing = copy_task(tmp_path, "c-missing")

@@ -10,7 +10,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import polar
 from e2e.helpers import check_fidelity, engine_samples, trajectories
 from sandbox.bwrap_required import needs_bwrap
@@ -18,7 +17,8 @@ from suites.helpers import EXAMPLES, TASKS, copy_task
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(300)]
 TOPOLOGY = "sandbox: {backend: bwrap}\n"
-FIX = r"sed -i 's|^    return ordered\[middle\]$|    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2|' stats.py"
+FIX = (r"sed -i 's|^    return ordered\[middle\]$|"
+       r"    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2|' stats.py")
 
 
 def run(tmp_path: Path, tasks: Path, name: str) -> list:
@@ -100,7 +100,8 @@ esac
 
     t = by_id["nogit-median"]
     assert (t.status, t.reward) == ("completed", 0.0)
-    assert "workspace_diff" not in t.metadata and "git diff against the base failed" in t.metadata["workspace_diff_error"]
+    assert "workspace_diff" not in t.metadata
+    assert "git diff against the base failed" in t.metadata["workspace_diff_error"]
     assert t.metadata["evaluation"].startswith("no workspace diff to test")
 
     t = by_id["commit-median"]

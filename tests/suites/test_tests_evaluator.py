@@ -87,7 +87,8 @@ def test_hostile_reward_files_give_none(tmp_path: Path, repo: Path) -> None:
 def test_hostile_diffs_score_zero(tmp_path: Path, repo: Path) -> None:
     out = score(tmp_path, b"diff --git a/nothing b/nothing\n--- a/nothing\n+++ b/nothing\n@@ -1 +1 @@\n-x\n+y\n", CHECK)
     assert out.reward == 0.0 and "does not apply" in out.detail
-    escape = b"diff --git a/../../evil b/../../evil\nnew file mode 100644\n--- /dev/null\n+++ b/../../evil\n@@ -0,0 +1 @@\n+x\n"
+    escape = (b"diff --git a/../../evil b/../../evil\nnew file mode 100644\n--- /dev/null\n+++ b/../../evil\n"
+              b"@@ -0,0 +1 @@\n+x\n")
     out = score(tmp_path, escape, CHECK)
     assert out.reward == 0.0 and "does not apply" in out.detail and not (tmp_path / "evil").exists()
     into_git = asyncio.run(session(tmp_path, "echo 'VALUE = 2' > code.py && mkdir -p sub && cd sub && "
