@@ -23,6 +23,10 @@ shards_app = typer.Typer(help="Read the trajectory shards of a run.", no_args_is
 app.add_typer(shards_app, name="shards")
 image_app = typer.Typer(help="Apptainer images for clusters (definitions in containers/).", no_args_is_help=True)
 app.add_typer(image_app, name="image")
+tasks_app = typer.Typer(help="Task files and suites (Harbor task folders, SWE-bench datasets).", no_args_is_help=True)
+app.add_typer(tasks_app, name="tasks")
+_TASKS_HELP = ("Tasks: YAML (one or a list) or JSONL of ours, a Harbor task folder (or a folder of them), "
+               "a SWE-bench dataset (.jsonl, .parquet), or a suite file (`suite: PATH`, docs/tasks.md).")
 
 
 def _guard(fn, failures: tuple[type[Exception], ...] = ()):
@@ -41,9 +45,7 @@ def _guard(fn, failures: tuple[type[Exception], ...] = ()):
 
 @app.command()
 def run(
-    tasks: Optional[Path] = typer.Argument(
-        None, help="Task file: one YAML task (or a list), or JSONL, one task per line (optional with --service)."
-    ),
+    tasks: Optional[Path] = typer.Argument(None, help=_TASKS_HELP + " Optional with --service."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="topology.yaml (default: built-in)."),
     run_dir: Optional[Path] = typer.Option(None, help="Where the run's files go (default: a new folder under ./runs/)."),
     service: bool = typer.Option(
@@ -125,9 +127,7 @@ def proxy(
 @app.command()
 def submit(
     config: Path = typer.Option(..., "--config", "-c", help="topology.yaml (with a `slurm:` section)."),
-    tasks: Optional[Path] = typer.Option(
-        None, "--tasks", help="Task file: YAML (one or a list) or JSONL (optional when service.enabled)."
-    ),
+    tasks: Optional[Path] = typer.Option(None, "--tasks", help=_TASKS_HELP + " Optional when service.enabled."),
     run_dir: Optional[Path] = typer.Option(None, help="Run directory on the shared filesystem (default: ./runs/...)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the sbatch script; submit nothing."),
 ) -> None:
@@ -165,9 +165,7 @@ def resume(target: str = typer.Argument(..., help="Run directory or Slurm job id
 @app.command("sbatch")
 def sbatch_script(
     config: Path = typer.Option(..., "--config", "-c", help="topology.yaml (with a `slurm:` section)."),
-    tasks: Optional[Path] = typer.Option(
-        None, "--tasks", help="Task file: YAML (one or a list) or JSONL (optional when service.enabled)."
-    ),
+    tasks: Optional[Path] = typer.Option(None, "--tasks", help=_TASKS_HELP + " Optional when service.enabled."),
     run_dir: Optional[Path] = typer.Option(None, help="Run directory on the shared filesystem (default: ./runs/...)."),
 ) -> None:
     """Prepare a run directory and print the same job as a plain sbatch script (submit it yourself)."""
@@ -282,6 +280,16 @@ def image_build(
 
     out = output or Path(f"{Path(name).stem}.sif")
     raise typer.Exit(_guard(lambda: images.build(name, out.resolve(), fakeroot), (images.ImageError,)))
+
+
+@tasks_app.command("check")
+def tasks_check(suite: Path = typer.Argument(..., help=_TASKS_HELP)) -> None:
+    """Validate tasks or a suite as `run` would (errors: file, line or row, field; exit 2) and list them."""
+    from rich.console import Console
+
+    from polar_hpc.suites import check
+
+    _guard(lambda: check.show(suite, Console(width=160)))
 
 
 @app.command()

@@ -168,9 +168,10 @@ _EnvName = Annotated[str, pydantic.AfterValidator(_env_name)]
 
 class HarnessSpec(_Model):
     """`shell` runs `command`; a preset writes its harness's config and runs it (`command`, if
-    given, replaces the preset's command line)."""
+    given, replaces the preset's command line); `oracle` runs the task's `solution`, `noop` nothing."""
 
-    kind: Literal["shell", "mini_swe_agent", "codex", "claude_code", "opencode", "qwen_code"] = "shell"
+    kind: Literal["shell", "mini_swe_agent", "codex", "claude_code", "opencode", "qwen_code", "oracle",
+                  "noop"] = "shell"
     command: _Text | None = None
     env: dict[_EnvName, _Text] = Field(default_factory=dict)
 
@@ -195,6 +196,11 @@ class TaskSandbox(_Model):
     prepare: list[_Text] = []
     network: Literal["none", "proxy-only", "host"] = "proxy-only"  # host: an explicit opt-in
     gpus: bool = False  # apptainer: --nv
+    # a suite's task.toml resources: storage_mb bounds the session's disk (below the topology's
+    # max_disk_bytes); cpus and memory_mb are recorded for the sandbox's CPU / memory limits
+    cpus: float | None = Field(None, gt=0, le=4096)
+    memory_mb: int | None = Field(None, ge=1)
+    storage_mb: int | None = Field(None, ge=1)
 
 
 _DEFAULT_SANDBOX = TaskSandbox()
@@ -219,12 +225,33 @@ class RegexEvaluator(_Model):
     pattern: str
 
 
+class TestsEvaluator(_Model):
+    """Hidden tests, run in a fresh sandbox holding the harness's workspace diff (polar_hpc.suites):
+    `dir` (a folder of the task's, copied in only then, at $POLAR_TESTS_DIR) and / or `patch` (a
+    diff applied to the workspace then), then `command`; reward from $POLAR_LOGS_DIR/reward.txt or
+    reward.json if it writes one, else 1.0 on exit 0."""
+
+    kind: Literal["tests"]
+    dir: str | None = None
+    patch: _Text | None = None
+    command: _Text = 'bash "$POLAR_TESTS_DIR/test.sh"'
+    timeout_s: float = Field(600.0, gt=0, le=86400)
+
+
 Evaluator = Annotated[
-    Union[CommandEvaluator, RewardFileEvaluator, RegexEvaluator], Field(discriminator="kind")
+    Union[CommandEvaluator, RewardFileEvaluator, RegexEvaluator, TestsEvaluator], Field(discriminator="kind")
 ]
 
 
-_EVALUATOR_KINDS = ("command", "reward_file", "regex")
+_EVALUATOR_KINDS = ("command", "reward_file", "regex", "tests")
+
+
+class TaskSolution(_Model):
+    """What `harness: oracle` runs: `dir` (a folder of the task's holding solve.sh) and / or `patch`
+    (a diff applied with git apply), copied into the workspace only for the oracle."""
+
+    dir: str | None = None
+    patch: _Text | None = None
 
 
 class Task(_Model):
@@ -235,6 +262,7 @@ class Task(_Model):
     harness: HarnessSpec
     sandbox: TaskSandbox = Field(default_factory=lambda: _DEFAULT_SANDBOX)  # shared, not copied per task
     evaluator: Evaluator | None = None
+    solution: TaskSolution | None = None
     builder: Literal["per_request", "prefix_merge"] = "prefix_merge"
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -268,7 +296,7 @@ def load_topology(path: Path | None) -> Topology:
     if path is None:
         return Topology()
     data, line_of = read_yaml(path)
-    return _validate(Topology, data, path, line_of)
+    return validate_data(Topology, data, path, line_of)
 
 
 def load_tasks(path: Path, files_checked: bool = False) -> list[Task]:
@@ -322,8 +350,9 @@ def _validate_all(entries: list[tuple[Any, Callable, tuple]], path: Path, proble
     tasks, problems = [], list(problems or [])
     for data, line_of, prefix in entries:
         try:
-            task = _validate(Task, data, path, line_of, prefix)
-            resolve = task.sandbox.files and not files_checked
+            task = validate_data(Task, data, path, line_of, prefix)
+            resolve = not files_checked and (task.sandbox.files or getattr(task.evaluator, "dir", None)
+                                             or (task.solution and task.solution.dir))
             tasks.append(_resolve_files(task, path, line_of, prefix) if resolve else task)
         except ConfigError as e:
             problems.append(str(e))
@@ -339,7 +368,7 @@ def _line_key(problem: str) -> int:
     return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else 0
 
 
-def _validate(model: type[BaseModel], data: Any, path: Path, line_of: Callable, prefix: tuple = ()) -> Any:
+def validate_data(model: type[BaseModel], data: Any, path: Path, line_of: Callable, prefix: tuple = ()) -> Any:
     if data is None:
         data = {}
     try:
@@ -368,22 +397,34 @@ def _strip_union_tags(loc: tuple) -> tuple:
 
 
 def _resolve_files(task: Task, path: Path, line_of: Callable, prefix: tuple) -> Task:
-    """Each `sandbox.files` source as an absolute path inside the task file's folder, or ConfigError.
+    """Each `sandbox.files` source (and a tests evaluator's or a solution's `dir`) as an absolute
+    path inside the task file's folder, or ConfigError.
 
     A source must be a regular file or folder below that folder, reached without `..` and without
     a symbolic link on the way; a destination must be relative, without `..`.
     """
-    base, files, problems = path.parent.resolve(), {}, []
+    base, folder, files, problems = path.parent.resolve(), path.parent.absolute(), {}, []
     for dest, src in task.sandbox.files.items():
         line = line_of(prefix + ("sandbox", "files", dest))
         try:
-            files[dest] = _source(base, path.parent.absolute(), dest, src)
+            files[dest] = _source(base, folder, dest, src)
         except ValueError as e:
             problems.append(f"{path}:{line}: sandbox.files: {e}")
+    update: dict[str, Any] = {"sandbox": task.sandbox.model_copy(update={"files": files})}
+    for name, part in (("evaluator", task.evaluator), ("solution", task.solution)):
+        if getattr(part, "dir", None) is not None:
+            try:
+                update[name] = part.model_copy(update={"dir": _source(base, folder, name, part.dir)})
+            except ValueError as e:
+                problems.append(f"{path}:{line_of(prefix + (name, 'dir'))}: {name}.dir: {e}")
     if problems:
         raise ConfigError("\n".join(problems))
-    sandbox = task.sandbox.model_copy(update={"files": files})
-    return task.model_copy(update={"sandbox": sandbox})
+    return task.model_copy(update=update)
+
+
+def resolve_source(folder: Path, src: str) -> str:
+    """`src` (relative to `folder`) as an absolute path checked as a task file's sources are."""
+    return _source(folder.resolve(), folder.absolute(), "source", src)
 
 
 def _source(base: Path, folder: Path, dest: str, src: str) -> str:

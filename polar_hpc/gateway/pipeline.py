@@ -11,11 +11,21 @@ EVALUATION_SLACK_S (+ a command evaluator's timeout_s) after it starts, else the
 session `error` at once, with the reason.
 A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
 is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
+
+A tests evaluator (suites: hidden tests) gets the same, and more: both sandboxes snapshot their
+workspace as the base (trajectory.workspace) once started; the harness's sandbox hides the
+task's tests and solution folders; once the harness has run, its workspace diff is captured (in
+its own sandbox) into the trajectory's metadata (`workspace_diff`: bytes, encoding utf-8 or
+base64, data; or `workspace_diff_error`), and the evaluator applies it in the fresh sandbox,
+where the tests arrive only then. `evaluation_timings` holds fresh_start_s, capture_s, apply_s
+and tests_s. A task's `sandbox.storage_mb` lowers the sandbox's disk limit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import dataclasses
 import logging
 import secrets
 import time
@@ -24,10 +34,11 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from polar_hpc import wire
-from polar_hpc.config import CommandEvaluator, PoolConfig, Task
+from polar_hpc.config import CommandEvaluator, PoolConfig, Task, TestsEvaluator
 from polar_hpc.harness import presets
 from polar_hpc.sandbox import Factory, Sandbox, SandboxError, files
 from polar_hpc.shards.writer import ShardWriter
+from polar_hpc.trajectory import workspace as diffs
 from polar_hpc.trajectory.builders import build
 from polar_hpc.trajectory.evaluators import evaluate
 from polar_hpc.trajectory.model import Trajectory
@@ -55,6 +66,8 @@ class _Outcome:
     metadata: dict = field(default_factory=dict)
     marks: dict[str, float] = field(default_factory=dict)  # stage -> unix time it was entered
     fresh: asyncio.Task | None = None  # the evaluator's own sandbox, starting while the harness runs
+    diff: bytes | str | None = None  # tests evaluator: the workspace diff, or why there is none
+    evaluation_timings: dict[str, float] = field(default_factory=dict)
 
     def timings(self, t_end: float) -> dict[str, float]:
         """Seconds spent in each stage the session went through (harness = RUN)."""
@@ -104,7 +117,8 @@ class Pipeline:
     async def _session(self, spec: wire.SessionSpec) -> None:
         task = Task.model_validate(spec.task)
         sid = spec.session_id
-        sandbox = self._new_sandbox(task)
+        hidden = (getattr(task.evaluator, "dir", None), task.solution and task.solution.dir)
+        sandbox = self._new_sandbox(task, tuple(Path(h) for h in hidden if h))
         t_start = time.time()
         outcome = _Outcome()
         holding: list[str] = []
@@ -129,13 +143,15 @@ class Pipeline:
                 holding.append("INIT")
                 self._update(sid, "INIT", outcome)
                 await sandbox.start()
+                if isinstance(task.evaluator, TestsEvaluator):
+                    await diffs.snapshot(sandbox)
                 await self.proxy.open(sid, token)
                 await self._move(holding, "READY")
                 self._update(sid, "READY", outcome)
                 await self._move(holding, "RUN")
             self._update(sid, "RUN", outcome)
-            if isinstance(task.evaluator, CommandEvaluator) and task.evaluator.sandbox == "fresh":
-                outcome.fresh = asyncio.create_task(self._start_fresh(task))
+            if _wants_fresh(task):
+                outcome.fresh = asyncio.create_task(self._start_fresh(task, outcome))
             proxy_url = sandbox.proxy_url(self.proxy.url)
             command, env = presets.launch(task, proxy_url, token, sid, sandbox.workspace)
             result = await sandbox.exec(command, env, spec.deadline - time.time())
@@ -160,25 +176,49 @@ class Pipeline:
         outcome.metadata["exit_code"] = result.returncode
         outcome.metadata["stderr_tail"] = result.stderr[-STDERR_TAIL:].decode(errors="replace")
 
-    def _new_sandbox(self, task: Task) -> Sandbox:
+    def _new_sandbox(self, task: Task, hidden: tuple[Path, ...] = ()) -> Sandbox:
         box = task.sandbox
-        return self.make_sandbox(
+        sandbox = self.make_sandbox(
             self.tmp_root / secrets.token_hex(8), box.files, box.prepare, box.network,
-            proxy_socket=self.proxy.socket, image=box.image, gpus=box.gpus,
+            proxy_socket=self.proxy.socket, image=box.image, gpus=box.gpus, hidden=hidden,
         )
+        if box.storage_mb is not None:
+            disk = min(sandbox.limits.max_disk_bytes, box.storage_mb << 20)
+            sandbox.limits = dataclasses.replace(sandbox.limits, max_disk_bytes=disk)
+        return sandbox
 
-    async def _start_fresh(self, task: Task) -> Sandbox:
+    async def _start_fresh(self, task: Task, outcome: _Outcome) -> Sandbox:
+        t0 = time.monotonic()
         sandbox = self._new_sandbox(task)
         try:
             await sandbox.start()
+            if isinstance(task.evaluator, TestsEvaluator):
+                await diffs.snapshot(sandbox)
         except BaseException:
             await sandbox.stop()
             raise
+        outcome.evaluation_timings["fresh_start_s"] = round(time.monotonic() - t0, 6)
         return sandbox
+
+    async def _capture(self, sandbox: Sandbox, outcome: _Outcome, metadata: dict) -> None:
+        """The harness's workspace diff, from its own sandbox, into the metadata and `outcome.diff`."""
+        t0 = time.monotonic()
+        try:
+            diff = outcome.diff = await diffs.capture(sandbox)
+        except (diffs.DiffError, SandboxError) as e:
+            outcome.diff = metadata["workspace_diff_error"] = str(e)
+            return
+        finally:
+            outcome.evaluation_timings["capture_s"] = round(time.monotonic() - t0, 6)
+        try:
+            data, encoding = diff.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            data, encoding = base64.b64encode(diff).decode("ascii"), "base64"
+        metadata["workspace_diff"] = {"bytes": len(diff), "encoding": encoding, "data": data}
 
     async def _evaluate(self, spec, task: Task, session_box: Sandbox, records, outcome: _Outcome, metadata: dict):
         """The reward, by the later of the session's deadline and the evaluator's own allowance."""
-        command = isinstance(task.evaluator, CommandEvaluator)
+        command = isinstance(task.evaluator, (CommandEvaluator, TestsEvaluator))
         allowance = EVALUATION_SLACK_S + (task.evaluator.timeout_s if command else 0.0)
         try:
             async with asyncio.timeout(max(spec.deadline - time.time(), allowance)):
@@ -193,17 +233,20 @@ class Pipeline:
         return None
 
     async def _evaluation(self, task: Task, session_box: Sandbox, records, outcome: _Outcome, metadata: dict):
-        """The reward, from the session's sandbox or the fresh one holding its workspace at submission/."""
+        """The reward, from the session's sandbox or the fresh one (holding the harness's workspace at
+        submission/, or for tests its diff applied)."""
         box = session_box
         if outcome.fresh is not None:
             try:
                 box = await outcome.fresh
-                await box.upload(session_box.workspace, "submission")
+                if not isinstance(task.evaluator, TestsEvaluator):
+                    await box.upload(session_box.workspace, "submission")
             except SandboxError as e:
                 metadata["evaluation"] = f"fresh evaluator sandbox failed: {e}"
                 return None
-        evaluation = await evaluate(task.evaluator, box, records)
+        evaluation = await evaluate(task.evaluator, box, records, outcome.diff)
         metadata["evaluation"] = evaluation.detail
+        outcome.evaluation_timings |= evaluation.timings
         return evaluation.reward
 
     async def _move(self, holding: list[str], stage: str) -> None:
@@ -226,8 +269,12 @@ class Pipeline:
         if outcome.error:
             metadata["error"] = outcome.error
         reward = None
+        if isinstance(task.evaluator, TestsEvaluator) and "RUN" in outcome.marks and outcome.status != "cancelled":
+            await self._capture(sandbox, outcome, metadata)
         if outcome.status == "completed" and task.evaluator is not None:
             reward = await self._evaluate(spec, task, sandbox, records, outcome, metadata)
+        if outcome.evaluation_timings:
+            metadata["evaluation_timings"] = outcome.evaluation_timings
         clean = [await sandbox.stop(), await _stop_fresh(outcome.fresh)]
         if not all(clean):
             metadata["untrainable"] = "sandbox teardown could not verify that no process survived"
@@ -262,6 +309,11 @@ class Pipeline:
     def _update(self, session_id: str, state: str, outcome: _Outcome) -> None:
         t = outcome.marks[state] = time.time()
         self.send(wire.SessionUpdate(session_id=session_id, state=state, t=t))
+
+
+def _wants_fresh(task: Task) -> bool:
+    spec = task.evaluator
+    return isinstance(spec, TestsEvaluator) or (isinstance(spec, CommandEvaluator) and spec.sandbox == "fresh")
 
 
 async def _stop_fresh(fresh: asyncio.Task | None) -> bool:

@@ -18,11 +18,18 @@ those that size their own requests are given `CONTEXT_TOKENS` and `OUTPUT_TOKENS
 | claude_code | Anthropic Messages, streaming | env only (ANTHROPIC_*, IS_SANDBOX) | `claude -p` |
 | opencode | OpenAI Chat, streaming | `opencode.json` (openai-compatible provider) | `opencode run` |
 | qwen_code | OpenAI Chat, streaming | `~/.qwen/settings.json`, env OPENAI_* | `qwen --yolo -p` |
+| oracle | none: the task's solution | `.polar/oracle/` (solution, `solution.patch`) | `git apply`, `bash solve.sh` |
+| noop | none | nothing | `true` |
+
+`oracle` and `noop` validate a suite before training (oracle scores 1.0, noop 0.0 on a sound
+task); the oracle's copy lies under `.polar/`, which the workspace diff leaves out.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,8 +38,10 @@ import yaml
 from polar_hpc.config import Task
 from polar_hpc.harness import shell
 from polar_hpc.sandbox import files
+from polar_hpc.trajectory import workspace as diffs
 
 _DIR = ".polar"
+ORACLE_MAX_BYTES = 256 << 20  # a solution folder copied in for the oracle
 CONTEXT_TOKENS = 65536  # the context claude_code and qwen_code assume (examples/harnesses/topology.yaml)
 OUTPUT_TOKENS = 4096  # their cap on a reply: their default (32000) overflows such a context
 
@@ -44,6 +53,8 @@ def launch(
     kind = task.harness.kind
     if kind == "shell":
         return task.harness.command, env
+    if kind in ("oracle", "noop"):
+        return (oracle(task, workspace) if kind == "oracle" else "true"), env
     model = task.harness.env.get("POLAR_MODEL", "polar")
     command, extra = PRESETS[kind](proxy_url, token, model, workspace)
     return task.harness.command or command, env | extra | dict(task.harness.env)
@@ -53,6 +64,21 @@ def _write(workspace: Path, rel: str, text: str) -> Path:
     """Write a config file into the workspace without following links (the sandbox made them)."""
     files.write(workspace, rel, text.encode())
     return workspace / rel
+
+
+def oracle(task: Task, workspace: Path) -> str:
+    """Copy the task's solution into the workspace; the command that applies it."""
+    solution, steps = task.solution, []
+    if solution is None:
+        return "echo 'harness oracle: this task has no solution' >&2; exit 2"
+    if solution.patch:
+        _write(workspace, f"{_DIR}/oracle/solution.patch", solution.patch)
+        steps.append(f"{diffs.GIT} apply --binary {_DIR}/oracle/solution.patch")
+    if solution.dir:
+        src = Path(solution.dir)
+        files.copy(src.parent, src.name, workspace, f"{_DIR}/oracle/solution", ORACLE_MAX_BYTES, threading.Event())
+        steps.append(f"bash {shlex.quote(f'{_DIR}/oracle/solution/solve.sh')}")
+    return " && ".join(steps)
 
 
 def mini_swe_agent(proxy_url: str, token: str, model: str, workspace: Path):

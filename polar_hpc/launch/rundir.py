@@ -22,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from polar_hpc.config import ConfigError, Task, Topology, load_tasks, load_topology
+from polar_hpc import suites
+from polar_hpc.config import ConfigError, Task, Topology, load_topology
 
 
 def prepare(tasks_path: Path | None, topology_path: Path | None, run_dir: Path | None,
@@ -54,7 +55,7 @@ def load_run_tasks(tasks_path: Path | None, topology: Topology) -> list[Task]:
             raise ConfigError("no task file given; only a service run (service.enabled, or `run --service`) "
                               "may start without one")
         return []
-    return load_tasks(tasks_path)
+    return suites.load(tasks_path)  # our task files, Harbor task folders, SWE-bench datasets
 
 
 def check_new(run_dir: Path) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -20,12 +19,13 @@ Factory = Callable[..., Sandbox]
 def backend(config: SandboxConfig, node_tmp: Path, hidden: tuple[Path, ...] = ()) -> tuple[Factory, str | None]:
     """A factory for `config.backend` (auto|bwrap|apptainer|none) and a warning when isolation is weaker.
 
-    The factory takes (root, files, prepare, network, proxy_socket=, image=, gpus=). `hidden`
-    folders (the run directory) are kept out of sight where the backend can. `auto` means bwrap
+    The factory takes (root, files, prepare, network, proxy_socket=, image=, gpus=, hidden=).
+    `hidden` folders (the run directory; per sandbox, e.g. a task's hidden tests, added to those)
+    are kept out of sight where the backend can. `auto` means bwrap
     where it works, else none; `apptainer` and `bwrap` fail when they cannot run here.
     """
     limits = Limits(config.max_pids, config.max_file_bytes, config.max_disk_bytes, config.max_output_bytes)
-    common = {"limits": limits, "hidden": hidden}
+    common = {"limits": limits}
     run_as = (config.run_as_uid, config.run_as_gid)  # the harness's user when the gateway runs as root
     if config.backend == "apptainer":
         if not apptainer.available():
@@ -38,12 +38,20 @@ def backend(config: SandboxConfig, node_tmp: Path, hidden: tuple[Path, ...] = ()
             starts_per_node=a.starts_per_node,
             starts_per_image=a.starts_per_image,
         )
-        return partial(apptainer.ApptainerSandbox, settings=settings, run_as=run_as, **common), None
+        return _factory(apptainer.ApptainerSandbox, hidden, settings=settings, run_as=run_as, **common), None
     if config.backend != "none" and bwrap.available():
-        return partial(bwrap.BwrapSandbox, run_as=run_as, **common), None
+        return _factory(bwrap.BwrapSandbox, hidden, run_as=run_as, **common), None
     if config.backend == "bwrap":
         raise SandboxError("sandbox.backend is 'bwrap' but bubblewrap is not installed or cannot run here")
     warning = None
     if config.backend == "auto":
         warning = "bubblewrap not found or not usable: harnesses run WITHOUT a sandbox (backend 'none')"
-    return partial(NoneSandbox, **common), warning
+    return _factory(NoneSandbox, hidden, **common), warning
+
+
+def _factory(cls: type[Sandbox], run_hidden: tuple[Path, ...], **fixed) -> Factory:
+    """`cls` with `fixed` keywords; a sandbox's own `hidden` folders add to the run's."""
+    def make(*args, hidden: tuple[Path, ...] = (), **kwargs) -> Sandbox:
+        return cls(*args, hidden=run_hidden + tuple(hidden), **fixed, **kwargs)
+
+    return make
