@@ -108,7 +108,8 @@ class Series:
     def view(self) -> dict[str, Any]:
         """{"width_s", "points": [{"t", fields…, "stages"}]} in time order; a bucket without a
         stage change carries the occupancy of the one before."""
-        points, stages = [], {}
+        points: list[dict[str, Any]] = []
+        stages: dict[str, int] = {}
         for b in sorted(self.buckets):
             stages = self.buckets[b].get("stages", stages)
             points.append({"t": b * self.width, **{k: self.buckets[b][k] for k in self.FIELDS}, "stages": stages})

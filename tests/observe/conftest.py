@@ -116,6 +116,8 @@ def finished_dashboard(finished_run: Path) -> Iterator[Served]:
 def browser():
     """One headless Debian chromium for the whole session (never `playwright install`)."""
     if not Path(CHROMIUM).exists():
+        if os.environ.get("POLAR_REQUIRE_CHROMIUM"):
+            pytest.fail(f"POLAR_REQUIRE_CHROMIUM is set but {CHROMIUM} is missing")
         pytest.skip("Debian's chromium is not installed (apt-get install -y chromium)")
     from playwright.sync_api import sync_playwright
 

@@ -87,7 +87,8 @@ function drawOverview(o) {
   table("gateways", ["gateway", "host", "slots", "up", "since (UTC)"], o.gateways.map((g) =>
     ({cells: [g.name, g.host, g.slots ?? "", g.up ? "up" : "lost", new Date(g.since * 1000).toISOString().slice(11, 19)]})));
   table("processes", ["process", "errors", "log changed", "last line"], o.processes.map((p) =>
-    ({cells: [p.name, p.errors, duration(Date.now() / 1000 - p.changed) + " ago", p.last_line]})));
+    ({cells: [p.name, p.errors, duration(Date.now() / 1000 - p.changed) + " ago",
+      el("span", {title: p.last_line}, p.last_line.length > 70 ? p.last_line.slice(0, 70) + "…" : p.last_line)]})));
   set("updated", "updated " + new Date().toISOString().slice(11, 19) + " UTC");
 }
 
