@@ -82,6 +82,7 @@ def watch_run(target: str, console: Console, every_s: float = 2.0) -> None:
     run_dir, job_id = resolve(target)
     reader = RunReader(run_dir)
     reader.poll()
+    console.print(f"watching {escape(str(run_dir))} (Ctrl-C to stop)", soft_wrap=True)
     try:
         with Live(_view(reader, job_id), console=console, refresh_per_second=1 / every_s, transient=False) as live:
             while reader.overview()["state"] == "running" and (job_id is None or job_state(job_id)[0] in ACTIVE):

@@ -271,7 +271,7 @@ class RunReader:
         now = time.time() if now is None else now
         total, done = self.total(), sum(self.results.values())
         driver = self.driver()
-        finished = bool(self.decisions.queued) and done >= len(self.decisions.queued) and not self.pending
+        finished = bool(self.decisions.queued) and done >= len(self.decisions.queued)
         stopped = driver is not None and driver.get("event") == "end"
         clock = self.last_t if (finished or stopped) and self.last_t else now
         recent = [t for t in self.result_times if t >= clock - _RATE_WINDOW_S]

@@ -19,6 +19,7 @@ from conftest import ROOT, polar
 
 CALCULATOR = ROOT / "examples" / "calculator"
 CHROMIUM = "/usr/bin/chromium"
+HOSTILE = "<img src=x onerror=\"window.__injected=1\"><script>window.__injected=2</script>"  # shown as text only
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -40,7 +41,7 @@ def finished_run(tmp_path_factory) -> Path:
     tasks = [
         {"id": "calc-merge", "num_samples": 3, "builder": "prefix_merge", **calc},
         {"id": "calc-per-call", "num_samples": 1, "builder": "per_request", **calc},
-        {"id": "crash", "instruction": "x", "harness": {"command": "echo 'no module named foo' >&2; exit 5"}},
+        {"id": "crash", "instruction": "x", "harness": {"command": f"echo '{HOSTILE}' >&2; exit 5"}},
     ]
     run_dir = tmp / "run"
     result = polar("run", write_jsonl(tmp / "tasks.jsonl", tasks), "--run-dir", run_dir, timeout=600)

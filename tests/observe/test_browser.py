@@ -3,11 +3,12 @@ equal the shards and the journal, and a trajectory's highlighted tokens are its 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from observe.conftest import Served, journal
+from observe.conftest import HOSTILE, Served, journal
 from polar_hpc.shards import iter_trajectories
 
 pytestmark = pytest.mark.timeout(900)
@@ -60,6 +61,15 @@ def test_finished_run_page(browser, finished_dashboard: Served, finished_run: Pa
     assert "logprob" in page.inner_text("#tip")
     assert page.locator("#detail .msg.assistant").count() >= 1
     page.screenshot(path=str(tmp_path / "trajectory.png"), full_page=True)
+
+    page.fill("#filter input[name=task]", "crash")  # its stderr is HTML: shown as text, never run
+    page.click("#filter button")
+    page.wait_for_function("document.querySelector('#trajectories tr.row td').textContent === 'crash'")
+    page.click("#trajectories tr.row")
+    page.wait_for_function("document.querySelector('#detail-session').textContent === 'crash#0.0'")
+    shown = json.loads(page.text_content("#detail-meta pre") or "")
+    assert shown["stderr_tail"].strip() == HOSTILE and shown["exit_code"] == 5
+    assert page.evaluate("window.__injected") is None, "the run's text never runs as HTML"
     page.close()
 
 

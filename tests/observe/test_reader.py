@@ -4,8 +4,10 @@ and survives hostile files."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,6 +105,33 @@ def test_live_run_counts_what_has_ended_and_what_runs(live_run: Path) -> None:
     assert o["state"] == "running" and (o["done"], o["total"]) == (2, 4)
     assert o["stages"]["RUN"] == 2 and o["trajectories"] == 2
     assert o["sessions_per_s"] > 0 and o["eta_s"] is not None and o["eta_s"] > 0
+    watch = subprocess.Popen([sys.executable, "-m", "polar_hpc", "status", str(live_run), "--watch"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert watch.stdout is not None and watch.stdout.readline().startswith("watching ")
+    time.sleep(3)
+    assert watch.poll() is None, "a live run is watched until it ends"
+    watch.send_signal(signal.SIGINT)
+    out, err = watch.communicate(timeout=30)
+    assert watch.returncode == 0 and "Traceback" not in err
+    assert "running" in out and "2/4 sessions ended" in " ".join(out.split())
+
+
+def test_log_errors_grouped_by_kind_with_their_lines(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "journal").mkdir()
+    (tmp_path / "logs" / "gateway-n1.log").write_text(
+        "2026-12-03 23:21:02,016 polar_hpc.gateway INFO fine\n"
+        + "".join(f"2026-12-03 23:21:0{i},016 polar_hpc.gateway ERROR sandbox s#{i}.0 failed after {i} s\n" for i in range(7))
+        + "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nKeyError: 'engine'\n"
+        + "2026-12-03 23:21:09,016 polar_hpc.gateway WARNING slow disk\n")
+    reader = RunReader(tmp_path)
+    reader.poll()
+    kinds = {e["kind"]: e for e in reader.errors.view()}
+    sandbox = kinds["gateway-n1: ERROR sandbox <session> failed after N s"]
+    assert sandbox["count"] == 7 and len(sandbox["examples"]) == 5 and sandbox["examples"][-1].endswith("after 6 s")
+    assert kinds["gateway-n1: KeyError: '…'"]["count"] == 1 and kinds["gateway-n1: WARNING slow disk"]["count"] == 1
+    proc = reader.overview()["processes"][0]
+    assert proc["name"] == "gateway-n1" and proc["errors"] == 8 and proc["last_line"].endswith("slow disk")
 
 
 def test_journal_read_incrementally_through_hostile_lines(tmp_path: Path) -> None:
