@@ -53,6 +53,8 @@ class RunReader:
         self._logs: dict[str, Tail] = {}
         self.pending: list[tuple[str, int, tuple[str, int], str]] = []  # (shard, offset, key, session)
         self.active: dict[str, str] = {}  # session -> stage, for sessions assigned and not ended
+        self.in_stage: Counter[str] = Counter()
+        self._total = 0  # sessions the run asks for, as of the last poll
         self.results: Counter[str] = Counter()
         self._counted: set[tuple[str, int]] = set()
         self._samples = (0.0, 0)  # (mtime, sessions) of tasks.jsonl
@@ -80,6 +82,8 @@ class RunReader:
         self._read_logs()
 
     def _read_journal(self) -> None:
+        self.decisions.update()  # first: the keys queued so far give QUEUED while the lines below apply
+        self._total = max(len(self.decisions.queued), self._task_samples())
         while True:
             for line in self._journal.lines():
                 try:
@@ -90,7 +94,6 @@ class RunReader:
                     self.problems.append(f"{self._journal.path}: a line that is not a journal event: {line[:200]}")
             if not self._journal.more:
                 break
-        self.decisions.update()
         if self.decisions.accepted:
             still = []
             for shard, offset, key, session in self.pending:
@@ -110,9 +113,11 @@ class RunReader:
         self.last_t = t if self.last_t is None else max(self.last_t, t)
         session = event.get("session")
         if kind in ("assigned", "state") and isinstance(session, str):
-            self.active[session] = "ASSIGNED" if kind == "assigned" else str(event["state"])
+            self._leave(session)
+            self.active[session] = stage = "ASSIGNED" if kind == "assigned" else str(event["state"])
+            self.in_stage[stage] += 1
         elif kind == "result":
-            self.active.pop(str(session), None)
+            self._leave(str(session))
             key = (str(event["task"]), int(event["sample"]))
             if key not in self._counted:  # a key's first result counts
                 self._counted.add(key)
@@ -121,7 +126,7 @@ class RunReader:
                 self.result_times.append(t)
                 self.series.add(t, ended=1, completed=int(status == "completed"))
         elif kind == "requeued":
-            self.active.pop(str(event.get("previous")), None)
+            self._leave(str(event.get("previous")))
             self.requeues += 1
             self.errors.add("session requeued (its gateway was lost)", f"{event.get('previous')} -> {session}")
         elif kind == "gateway_up":
@@ -132,6 +137,11 @@ class RunReader:
             self.errors.add("gateway lost", f"{event['gateway']} at {time.strftime('%H:%M:%S', time.gmtime(t))} UTC")
         if kind in ("assigned", "state", "result", "requeued"):
             self.series.stages(t, self.occupancy())
+
+    def _leave(self, session: str) -> None:
+        stage = self.active.pop(session, None)
+        if stage is not None:
+            self.in_stage[stage] -= 1
 
     def _read_shards(self) -> None:
         now = time.monotonic()
@@ -225,12 +235,8 @@ class RunReader:
 
     # -- figures ---------------------------------------------------------------------------------
     def occupancy(self) -> dict[str, int]:
-        stages = Counter(self.active.values())
-        stages["QUEUED"] = max(0, self.total() - sum(self.results.values()) - len(self.active))
-        return {s: stages.get(s, 0) for s in STAGES}
-
-    def total(self) -> int:
-        return max(len(self.decisions.queued), self._task_samples())
+        queued = max(0, self._total - len(self._counted) - len(self.active))
+        return {s: queued if s == "QUEUED" else self.in_stage.get(s, 0) for s in STAGES}
 
     def _task_samples(self) -> int:
         """Sessions the task file asks for (before they are all queued), read again when it changes."""
@@ -269,7 +275,7 @@ class RunReader:
 
     def overview(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
-        total, done = self.total(), sum(self.results.values())
+        total, done = self._total, sum(self.results.values())
         driver = self.driver()
         finished = bool(self.decisions.queued) and done >= len(self.decisions.queued)
         stopped = driver is not None and driver.get("event") == "end"

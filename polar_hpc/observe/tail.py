@@ -1,11 +1,12 @@
 """Follow an append-only text file line by line, with bounded reads.
 
 `Tail(path).lines()` returns the whole lines appended since the last call (a last line without its
-newline is still being written: it waits for the next call). One call reads at most `max_bytes`. A line longer than
-`max_line` is cut to it. A file that shrank (rotated, rewritten) is read again from its start.
-With `lossy=True` (logs) a file that grew by more than `max_bytes` since the last look is caught
-up by skipping to its last `max_bytes` (counted in `skipped`), so a huge log never stalls a reader;
-otherwise (the journal) every byte is read, `max_bytes` per call: call again while `more`.
+newline is still being written: it waits for the next call). One call reads at most `max_bytes`;
+a line longer than `max_line` is cut to it; a file that shrank (rotated, rewritten) is read again
+from its start. With `lossy=True` (logs) a file that grew by more than `max_bytes` since the last
+look is caught up by skipping to its last `max_bytes` (counted in `skipped`), so a huge log never
+stalls a reader; otherwise (the journal) every byte is read, `max_bytes` per call: call again
+while `more`.
 """
 
 from __future__ import annotations
