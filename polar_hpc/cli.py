@@ -179,13 +179,28 @@ def sbatch_script(
 
 
 @app.command()
-def status(target: str = typer.Argument(..., help="Run directory or Slurm job id.")) -> None:
+def status(
+    target: str = typer.Argument(..., help="Run directory or Slurm job id."),
+    watch: bool = typer.Option(False, "--watch", help="Refresh until the run ends (or Ctrl-C)."),
+) -> None:
     """Slurm state, engines and gateways, sessions by state, throughput and ETA of a run."""
     from rich.console import Console
 
-    from polar_hpc.launch.status import show
+    from polar_hpc.launch.status import show, watch_run
 
-    _guard(lambda: show(target, Console()))
+    _guard(lambda: watch_run(target, Console()) if watch else show(target, Console()))
+
+
+@app.command()
+def dashboard(
+    run_dir: Path = typer.Argument(..., help="The run directory (the job may still be running)."),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (loopback by default)."),
+    port: int = typer.Option(8265, help="TCP port; 0 picks a free one."),
+) -> None:
+    """Serve a web page of a run (progress, plots, errors, trajectories) and its Prometheus /metrics."""
+    from polar_hpc.observe.server import DashboardOptions, serve
+
+    raise typer.Exit(_guard(lambda: serve(DashboardOptions(run_dir, host, port))))
 
 
 @app.command()
@@ -214,11 +229,15 @@ _VERSIONS = typer.Option(None, "--weight-versions", help="Keep trajectories whos
 
 
 @shards_app.command("show")
-def shards_show(run_dir: Path = _RUN_DIR, json_lines: bool = _JSON) -> None:
+def shards_show(
+    run_dir: Path = _RUN_DIR,
+    json_lines: bool = _JSON,
+    full: bool = typer.Option(False, "--full", help="With --json: every field (ids, masks, logprobs, metadata)."),
+) -> None:
     """Print the trajectories of a run as a table (or JSON lines)."""
     from polar_hpc.shards import table
 
-    _guard(lambda: table.show(run_dir, json_lines))
+    _guard(lambda: table.show(run_dir, json_lines, full))
 
 
 @shards_app.command("ls")

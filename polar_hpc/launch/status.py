@@ -9,6 +9,9 @@ stopped, from `<run>/journal/driver.jsonl` (a start with no end: the driver was 
 a run whose job has ended with sessions left, the command that resumes it. Cancel asks the
 orchestrator to shut the run down cleanly (gateways write what they hold, the driver exits) and
 falls back to `scancel`; a job that has already ended is said to be so at once.
+`status --watch` is a live terminal view read from the run dir (polar_hpc.observe.RunReader):
+progress and ETA, sessions by stage, rewards per task, tokens, the commonest errors; it refreshes
+every `every_s` until the run has finished or stopped (or Ctrl-C), then prints the last view.
 """
 
 from __future__ import annotations
@@ -19,13 +22,16 @@ import time
 from pathlib import Path
 
 import zmq
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.markup import escape
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from polar_hpc import security, wire
 from polar_hpc.launch.rundir import resolve
 from polar_hpc.launch.slurm import ACTIVE, job_state
+from polar_hpc.observe.run import RunReader
 from polar_hpc.orchestrator.journal import progress, read_jsonl
 
 
@@ -70,6 +76,42 @@ def show(target: str, console: Console) -> None:
     if reply.versions_in_flight:
         console.print(f"weight versions in flight: {_states(reply.versions_in_flight)}")
     console.print(f"throughput {reply.sessions_per_s * 60:.1f} sessions/min, ETA {eta}, tokens {reply.tokens}")
+
+
+def watch_run(target: str, console: Console, every_s: float = 2.0) -> None:
+    run_dir, job_id = resolve(target)
+    reader = RunReader(run_dir)
+    reader.poll()
+    console.print(f"watching {escape(str(run_dir))} (Ctrl-C to stop)", soft_wrap=True)
+    try:
+        with Live(_view(reader, job_id), console=console, refresh_per_second=1 / every_s, transient=False) as live:
+            while reader.overview()["state"] == "running" and (job_id is None or job_state(job_id)[0] in ACTIVE):
+                time.sleep(every_s)
+                reader.poll()
+                live.update(_view(reader, job_id))
+    except KeyboardInterrupt:
+        pass
+
+
+def _view(reader: RunReader, job_id: str | None) -> Group:
+    o = reader.overview()
+    eta = "-" if o["eta_s"] is None else f"{o['eta_s']:.0f}s"
+    head = (f"run {escape(o['run_dir'])}" + (f"  job {job_id}" if job_id else "") + f"  [bold]{o['state']}[/]  "
+            f"{o['done']}/{o['total']} sessions ended ({_states(o['by_status'])})  "
+            f"{o['sessions_per_s'] * 60:.1f}/min  ETA {eta}")
+    stages = Table(*o["stages"], title="sessions by stage")
+    stages.add_row(*(str(n) for n in o["stages"].values()))
+    tasks = Table("task", "ended", "mean reward", title="rewards per task")
+    for t in o["tasks"][:15]:
+        mean = t["reward"]["mean"]
+        tasks.add_row(escape(t["task_id"]), _states(t["by_status"]), "-" if mean is None else f"{mean:.3f}")
+    errors = Table("count", "error kind", title=f"errors ({o['errors_total']})")
+    for e in reader.errors.view(5):
+        errors.add_row(str(e["count"]), escape(e["kind"]))
+    figures = (f"tokens {o['tokens']} ({o['trainable_tokens']} trainable, {o['tokens_per_s']:.0f}/s)  calls {o['calls']}"
+               f"  chain breaks {o['chain_breaks']}  requeues {o['requeues']}  weight versions "
+               f"{_states(o['weight_versions'])}")
+    return Group(head, ProgressBar(total=max(1, o["total"]), completed=o["done"]), stages, figures, tasks, errors)
 
 
 def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:

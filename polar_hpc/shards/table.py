@@ -1,5 +1,6 @@
 """What `polar-hpc shards ls|show|verify|export|follow RUN_DIR` print: rich tables, or JSON lines.
 
+`show --json --full` writes every field of each trajectory (token ids, masks, logprobs, metadata).
 Each function takes the run dir first and raises ConfigError (exit 2) when it is not a run
 directory; `verify` returns the exit code (1 when it found a problem).
 """
@@ -8,10 +9,12 @@ from __future__ import annotations
 
 import json
 import sys
+from array import array
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
 
@@ -22,7 +25,7 @@ from polar_hpc.shards.decisions import Decisions
 from polar_hpc.shards.export import export as export_rows
 from polar_hpc.shards.follow import Follower
 from polar_hpc.trajectory.model import Trajectory
-from polar_hpc.shards.reader import records, rows, shard_files
+from polar_hpc.shards.reader import iter_trajectories, records, rows, shard_files
 
 COLUMNS = ("task_id", "sample_index", "status", "reward", "traces", "tokens")
 
@@ -53,8 +56,16 @@ def _range(option: str, text: str | None, kind: type) -> tuple | None:
         raise ConfigError(f"{option} {text!r}: expected LO:HI ({kind.__name__}s, either end may be empty)") from None
 
 
-def show(run_dir: Path, json_lines: bool) -> None:
+def show(run_dir: Path, json_lines: bool, full: bool = False) -> None:
+    """A table, or one JSON object per trajectory: the listing's columns, or with `full` every
+    field of the trajectory and its traces (token ids, loss masks, logprobs as lists)."""
     _check(run_dir)
+    if full and not json_lines:
+        raise ConfigError("--full needs --json (a table cannot hold token ids)")
+    if full:
+        for traj in iter_trajectories(run_dir):
+            sys.stdout.write(json.dumps(msgspec.to_builtins(traj, enc_hook=_packed)) + "\n")
+        return
     if json_lines:
         for row in rows(run_dir):
             sys.stdout.write(json.dumps({k: row[k] for k in COLUMNS}) + "\n")
@@ -63,6 +74,12 @@ def show(run_dir: Path, json_lines: bool) -> None:
     for row in rows(run_dir):
         table.add_row(*("" if row[k] is None else str(row[k]) for k in COLUMNS))
     Console().print(table)
+
+
+def _packed(value: Any) -> Any:
+    if isinstance(value, array):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
 def ls(run_dir: Path, json_lines: bool) -> None:
