@@ -95,6 +95,7 @@ class SandboxConfig(_Model):
     max_file_bytes: int = Field(1 << 30, ge=1)
     max_disk_bytes: int = Field(4 << 30, ge=1)
     max_output_bytes: int = Field(1 << 20, ge=1)
+    max_cpus: float = Field(1.0, gt=0)  # per sandbox, where a cpu cgroup can be made
     # a gateway running as root runs harnesses (bwrap, apptainer) as this host user, never as root
     run_as_uid: int = Field(65534, ge=1)
     run_as_gid: int = Field(65534, ge=1)
