@@ -85,6 +85,8 @@ class Cgroup:
         return ["/bin/sh", "-c", _JOIN, "join", *(str(f / "cgroup.procs") for _, f in self.folders), "--", *argv]
 
     def pids(self) -> list[int]:
+        if self.path is None:  # a folder half removed by an earlier close
+            return []
         try:
             return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
         except OSError:
@@ -94,7 +96,7 @@ class Cgroup:
         """How many forks the pids limit has refused so far."""
         try:
             events = (self.path / "pids.events").read_text().split()
-        except OSError:
+        except (OSError, TypeError):
             return 0
         return int(events[1]) if len(events) >= 2 else 0
 
@@ -216,7 +218,7 @@ def _close(owner: str, timeout_s: float = 3.0) -> int:
 
 
 def _prepare(tree: _Tree, owner: Path) -> None:
-    """Make `polar-hpc` (weighted low on CPU) and the owner's folder; v2: pass the controllers down."""
+    """Make `polar-hpc` (weighing one session per CPU) and the owner's folder; v2: pass the controllers down."""
     for folder in (tree.root, owner.parent, owner):
         folder.mkdir(exist_ok=True)
         if tree.v2:

@@ -5,13 +5,15 @@ A real gateway (its real proxy, real bwrap sandboxes) driven by a scripted orche
 the gateway's heartbeats to it keep flowing and its proxy link is never lost (peer_timeout_s 5, half
 the default) while a bomb and 64 spinners run beside benign sessions; a SIGTERM or a lost proxy
 ends the gateway with no process of its sandboxes alive (by the cgroups' procs and by a marker on
-the command lines); a new gateway of the run removes a SIGKILLed one's cgroups. Each test sweeps
+the command lines), and so does an exception (with `setsid` daemons of the `none` backend, which only
+the cgroup finds); a new gateway of the run removes a SIGKILLed one's cgroups. Each test sweeps
 its run's cgroups when it ends, so a failure leaves no bomb behind.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -185,3 +187,31 @@ def test_a_new_gateway_of_the_run_removes_a_killed_ones_cgroups(orchestrator: _O
     second.send_signal(signal.SIGTERM)
     assert second.wait(30) == 0
     assert f"removed the sandbox cgroups of a dead gateway of this run ({owner})" in second.stdout.read()
+
+
+RAISES = """
+import asyncio, sys
+from pathlib import Path
+from polar_hpc.gateway import server
+from polar_hpc.sandbox.none import NoneSandbox
+
+async def run_then_fail(self):  # a gateway whose run raises while a sandbox has daemons
+    sb = NoneSandbox(Path(sys.argv[2]), {}, [], "host", cgroups=self.cgroups)
+    await sb.start()
+    await sb.exec("for i in 1 2 3 4; do setsid sleep %s & done" % sys.argv[3], {}, 10)
+    raise RuntimeError("internal error with a sandbox alive")
+
+server._Gateway.run = run_then_fail
+server.serve(server.GatewayOptions(Path(sys.argv[1]), "tcp://127.0.0.1:9", None, "g0"))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_an_exception_in_the_gateway_still_kills_its_sandboxes(orchestrator: _Orchestrator, tmp_path: Path) -> None:
+    marker = f"4{secrets.randbelow(10**8) + 1000:08d}"  # setsid daemons: out of the command's group
+    proc = subprocess.run([sys.executable, "-c", RAISES, str(orchestrator.run_dir), str(tmp_path / "sb"), marker],
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode != 0 and "RuntimeError: internal error with a sandbox alive" in proc.stderr, proc.stderr
+    assert re.search(r"killed [1-9]\d* sandbox processes left at exit", proc.stderr), proc.stderr
+    assert not live_processes_matching(marker)
+    assert not _run_folders(orchestrator.run_dir)
