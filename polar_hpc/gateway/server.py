@@ -172,6 +172,7 @@ class _Gateway:
             if not self.stopping.is_set():
                 self.proxy_proc = self._start_proxy(proxy_endpoint, self.engine_urls, self.proxy.socket)
                 await self._wait_for_proxy(self.proxy_proc)
+            if not self.stopping.is_set():
                 self.proxy.send(wire.Engines(urls=self.engine_urls))
                 self.liveness.heard("proxy")
                 self._to_orchestrator(wire.Credit(n=gw.pools.init))
@@ -206,7 +207,7 @@ class _Gateway:
 
     async def _wait_for_proxy(self, proxy_proc) -> None:
         deadline = time.monotonic() + 60
-        while not self.proxy.hello.is_set():
+        while not self.proxy.hello.is_set() and not self.stopping.is_set():  # a stop need not wait for it
             proxy_proc.check()
             if time.monotonic() > deadline:
                 raise procs.ChildFailed(f"proxy not ready after 60 s:\n{proxy_proc.tail()}")
