@@ -94,9 +94,11 @@ class Cgroup:
 
     def pids_limit_hits(self) -> int:
         """How many forks the pids limit has refused so far."""
+        if self.path is None:
+            return 0
         try:
             events = (self.path / "pids.events").read_text().split()
-        except (OSError, TypeError):
+        except OSError:
             return 0
         return int(events[1]) if len(events) >= 2 else 0
 

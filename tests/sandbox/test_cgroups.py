@@ -115,7 +115,8 @@ def _dead_owner(run: str, marker: str) -> subprocess.CompletedProcess:
         "import os, subprocess, sys\n"
         "from polar_hpc.sandbox import Cgroups, Limits\n"
         f"cg = Cgroups({run!r}).create('sb-x', Limits())\n"
-        f"subprocess.Popen(cg.wrap(['sleep', '{marker}']), start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"subprocess.Popen(cg.wrap(['sleep', '{marker}']), start_new_session=True,\n"
+        "                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         "print(Cgroups(sys.argv[1]).owner)\n"
         "os._exit(0)\n"
     )
