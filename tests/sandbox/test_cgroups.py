@@ -109,14 +109,19 @@ def test_kill_ends_a_running_fork_bomb_and_close_leaves_nothing(owner: Cgroups, 
     assert not _owner_folders(owner.owner)
 
 
+# the sleeper is in the cgroup once its shell has joined and exec'd sleep
+SETTLED = "while p.pid not in cg.pids() or open(f'/proc/{p.pid}/comm').read() != 'sleep\\n':\n    time.sleep(0.01)\n"
+
+
 def _dead_owner(run: str, marker: str) -> subprocess.CompletedProcess:
     """A process that puts a sleeper in a cgroup of `run` and exits without cleaning up."""
     script = (
-        "import os, subprocess, sys\n"
+        "import os, subprocess, sys, time\n"
         "from polar_hpc.sandbox import Cgroups, Limits\n"
         f"cg = Cgroups({run!r}).create('sb-x', Limits())\n"
-        f"subprocess.Popen(cg.wrap(['sleep', '{marker}']), start_new_session=True,\n"
-        "                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"p = subprocess.Popen(cg.wrap(['sleep', '{marker}']), start_new_session=True,\n"
+        "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        + SETTLED +
         "print(Cgroups(sys.argv[1]).owner)\n"
         "os._exit(0)\n"
     )
@@ -144,7 +149,8 @@ def test_sweep_spares_a_live_owner_unless_told(owner: Cgroups) -> None:
         "import os, subprocess, time\n"
         "from polar_hpc.sandbox import Cgroups, Limits\n"
         f"cg = Cgroups({owner.run!r}).create('sb-x', Limits())\n"
-        "subprocess.Popen(cg.wrap(['sleep', os.environ['MARKER']]), stdout=subprocess.DEVNULL)\n"
+        "p = subprocess.Popen(cg.wrap(['sleep', os.environ['MARKER']]), stdout=subprocess.DEVNULL)\n"
+        + SETTLED +
         "print('ready', flush=True)\n"
         "time.sleep(120)\n"
     )
