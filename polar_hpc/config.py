@@ -96,6 +96,7 @@ class SandboxConfig(_Model):
     max_file_bytes: int = Field(1 << 30, ge=1)
     max_disk_bytes: int = Field(4 << 30, ge=1)
     max_output_bytes: int = Field(1 << 20, ge=1)
+    max_cpus: float = Field(1.0, gt=0)  # per sandbox, where a cpu cgroup can be made
     # a gateway running as root runs harnesses (bwrap, apptainer) as this host user, never as root
     run_as_uid: int = Field(65534, ge=1)
     run_as_gid: int = Field(65534, ge=1)
@@ -197,7 +198,7 @@ class TaskSandbox(_Model):
     network: Literal["none", "proxy-only", "host"] = "proxy-only"  # host: an explicit opt-in
     gpus: bool = False  # apptainer: --nv
     # a suite's task.toml resources: storage_mb bounds the session's disk (below the topology's
-    # max_disk_bytes); cpus and memory_mb are recorded for the sandbox's CPU / memory limits
+    # max_disk_bytes), cpus its cgroup's CPU quota (below max_cpus); memory_mb is recorded only
     cpus: float | None = Field(None, gt=0, le=4096)
     memory_mb: int | None = Field(None, ge=1)
     storage_mb: int | None = Field(None, ge=1)

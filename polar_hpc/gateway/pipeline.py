@@ -185,6 +185,8 @@ class Pipeline:
         if box.storage_mb is not None:
             disk = min(sandbox.limits.max_disk_bytes, box.storage_mb << 20)
             sandbox.limits = dataclasses.replace(sandbox.limits, max_disk_bytes=disk)
+        if box.cpus is not None:  # the CPU quota of the sandbox's cgroup, within the topology's max_cpus
+            sandbox.limits = dataclasses.replace(sandbox.limits, max_cpus=min(sandbox.limits.max_cpus, box.cpus))
         return sandbox
 
     async def _start_fresh(self, task: Task, outcome: _Outcome) -> Sandbox:

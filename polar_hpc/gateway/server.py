@@ -10,6 +10,9 @@ link uses the run's gateway CURVE key when the run has keys; the proxy alone get
 API key (in its environment). Both receive loops survive any message: one with the wrong frame
 count or undecodable, of a kind the link does not carry, or on the proxy socket from any peer but the proxy (known by the secret routing id the
 gateway gave it, `security.PROXY_LINK_ENV`), is logged and dropped.
+Its sandboxes' cgroups are its own (`sandbox.Cgroups` of the run): on its exit by any path (Shutdown,
+SIGTERM, a lost peer, an exception) every process in them is killed and they are removed; at its
+start it does the same for those of dead gateways of the same run.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ import zmq.asyncio
 from polar_hpc import procs, security, wire
 from polar_hpc.config import Topology, load_topology
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
-from polar_hpc.sandbox import SandboxError, backend
+from polar_hpc.sandbox import Cgroups, SandboxError, backend
+from polar_hpc.sandbox.cgroups import run_key
 from polar_hpc.shards.writer import ShardWriter
 
 log = logging.getLogger("polar_hpc.gateway")
@@ -102,12 +106,22 @@ class ProxyChannel(ProxyLink):
 
 def serve(opts: GatewayOptions) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return asyncio.run(_Gateway(opts).run())
+    cgroups = Cgroups(run_key(opts.run_dir))
+    for owner in cgroups.sweep():
+        log.warning("removed the sandbox cgroups of a dead gateway of this run (%s)", owner)
+    try:
+        return asyncio.run(_Gateway(opts, cgroups).run())
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):  # a second one must not cut the cleanup short
+            signal.signal(sig, signal.SIG_IGN)
+        if killed := cgroups.close():
+            log.warning("killed %d sandbox processes left at exit", killed)
 
 
 class _Gateway:
-    def __init__(self, opts: GatewayOptions) -> None:
+    def __init__(self, opts: GatewayOptions, cgroups: Cgroups) -> None:
         self.opts = opts
+        self.cgroups = cgroups
         self.topology: Topology = load_topology(opts.run_dir / "topology.yaml")
         self.ctx = zmq.asyncio.Context()
         self.stopping = asyncio.Event()
@@ -123,7 +137,8 @@ class _Gateway:
         log.info("CUDA_VISIBLE_DEVICES=%s", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
         tmp_root = Path(tempfile.mkdtemp(prefix=f"polar-{opts.gateway_id}-", dir=opts.tmp_dir))
         try:
-            make_sandbox, warning = backend(self.topology.sandbox, tmp_root.parent, (opts.run_dir.resolve(),))
+            make_sandbox, warning = backend(self.topology.sandbox, tmp_root.parent, (opts.run_dir.resolve(),),
+                                            self.cgroups)
         except SandboxError as e:
             log.error("%s", e)
             return 2
@@ -157,6 +172,7 @@ class _Gateway:
             if not self.stopping.is_set():
                 self.proxy_proc = self._start_proxy(proxy_endpoint, self.engine_urls, self.proxy.socket)
                 await self._wait_for_proxy(self.proxy_proc)
+            if not self.stopping.is_set():
                 self.proxy.send(wire.Engines(urls=self.engine_urls))
                 self.liveness.heard("proxy")
                 self._to_orchestrator(wire.Credit(n=gw.pools.init))
@@ -191,7 +207,7 @@ class _Gateway:
 
     async def _wait_for_proxy(self, proxy_proc) -> None:
         deadline = time.monotonic() + 60
-        while not self.proxy.hello.is_set():
+        while not self.proxy.hello.is_set() and not self.stopping.is_set():  # a stop need not wait for it
             proxy_proc.check()
             if time.monotonic() > deadline:
                 raise procs.ChildFailed(f"proxy not ready after 60 s:\n{proxy_proc.tail()}")

@@ -8,24 +8,29 @@ from typing import Callable
 from polar_hpc.config import SandboxConfig
 from polar_hpc.sandbox import apptainer, bwrap
 from polar_hpc.sandbox.base import ExecResult, Sandbox, SandboxError
+from polar_hpc.sandbox.cgroups import Cgroups
 from polar_hpc.sandbox.limits import Limits
 from polar_hpc.sandbox.none import NoneSandbox
 
-__all__ = ["ExecResult", "Limits", "Sandbox", "SandboxError", "backend"]
+__all__ = ["Cgroups", "ExecResult", "Limits", "Sandbox", "SandboxError", "backend"]
 
 Factory = Callable[..., Sandbox]
 
 
-def backend(config: SandboxConfig, node_tmp: Path, hidden: tuple[Path, ...] = ()) -> tuple[Factory, str | None]:
+def backend(
+    config: SandboxConfig, node_tmp: Path, hidden: tuple[Path, ...] = (), cgroups: Cgroups | None = None
+) -> tuple[Factory, str | None]:
     """A factory for `config.backend` (auto|bwrap|apptainer|none) and a warning when isolation is weaker.
 
     The factory takes (root, files, prepare, network, proxy_socket=, image=, gpus=, hidden=).
     `hidden` folders (the run directory; per sandbox, e.g. a task's hidden tests, added to those)
-    are kept out of sight where the backend can. `auto` means bwrap
+    are kept out of sight where the backend can; the sandboxes' cgroups belong to `cgroups` (a
+    gateway's, closed at its exit), else to this process's `cgroups.local()`. `auto` means bwrap
     where it works, else none; `apptainer` and `bwrap` fail when they cannot run here.
     """
-    limits = Limits(config.max_pids, config.max_file_bytes, config.max_disk_bytes, config.max_output_bytes)
-    common = {"limits": limits}
+    limits = Limits(config.max_pids, config.max_file_bytes, config.max_disk_bytes, config.max_output_bytes,
+                    config.max_cpus)
+    common = {"limits": limits, "cgroups": cgroups}
     run_as = (config.run_as_uid, config.run_as_gid)  # the harness's user when the gateway runs as root
     if config.backend == "apptainer":
         if not apptainer.available():

@@ -16,9 +16,11 @@ A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root
   and returns True only when it could verify that no process of the sandbox survives.
 
 Processes are found by three means: the process groups of the commands started, the environment
-marker `POLAR_SANDBOX_ID` every process inherits, and the sandbox's pids cgroup when there is one.
-Verification needs more than the marker (a daemon may clear its environment): a pids cgroup, or a
-backend whose commands run in their own PID namespace (`pid_namespace`).
+marker `POLAR_SANDBOX_ID` every process inherits, and the sandbox's cgroup when there is one
+(cgroups.py: `cgroups` owns it, `cgroups.local()` by default; it also bounds the sandbox's CPU, and
+is frozen and killed whole before the per-process kill). Verification needs more than the marker
+(a daemon may clear its environment): a cgroup, or a backend whose commands run in their own PID
+namespace (`pid_namespace`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar_hpc.sandbox import files
-from polar_hpc.sandbox.limits import Limits, PidsCgroup
+from polar_hpc.sandbox import cgroups as cg
+from polar_hpc.sandbox.limits import Limits
 
 MARKER = "POLAR_SANDBOX_ID"
 RELAY_PORT = 47111  # where a harness without network finds its proxy: http://127.0.0.1:47111
@@ -79,6 +82,7 @@ class Sandbox:
         image: str | None = None,
         gpus: bool = False,
         hidden: tuple[Path, ...] = (),
+        cgroups: cg.Cgroups | None = None,
     ) -> None:
         self.root = root
         self.workspace = root / "work"
@@ -93,7 +97,8 @@ class Sandbox:
         self.hidden = hidden  # host folders the harness must not see (the run directory)
         self.marker = secrets.token_hex(8)
         self._pgids: set[int] = set()
-        self._cgroup: PidsCgroup | None = None
+        self._cgroups = cgroups
+        self._cgroup: cg.Cgroup | None = None
 
     @property
     def relayed(self) -> bool:
@@ -108,7 +113,7 @@ class Sandbox:
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
         if self.limits.use_cgroup:
-            self._cgroup = PidsCgroup.create(f"sb-{self.marker}", self.limits.max_pids)
+            self._cgroup = (self._cgroups or cg.local()).create(f"sb-{self.marker}", self.limits)
         await self._launch()
         for dest, src in self.files.items():
             await self.upload(Path(src), dest)
@@ -131,17 +136,16 @@ class Sandbox:
     ) -> ExecResult:
         """Run `command` (via /bin/sh -c) in the workspace; kill its whole tree at the timeout."""
         cap = self.limits.max_output if max_output is None else max_output
-        hits = _pids_limit_hits(self._cgroup)
+        hits = self._pids_limit_hits()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self._wrap(self._launcher(["/bin/sh", "-c", command])),
+                *self._joined(self._wrap(self._launcher(["/bin/sh", "-c", command]))),
                 cwd=self.workspace,
                 env=self._environment(env | {MARKER: self.marker}),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=self._cgroup.join if self._cgroup else None,
             )
         except (OSError, ValueError) as e:  # E2BIG, a NUL byte, a bad environment name...
             raise SandboxError(f"cannot launch the command: {getattr(e, 'strerror', None) or e}") from None
@@ -172,7 +176,7 @@ class Sandbox:
         gone = await self._reap(timeout_s=3.0)
         await self._remove()
         if self._cgroup is not None:
-            gone = await self._cgroup.remove() and gone
+            gone = await asyncio.to_thread(self._cgroup.remove) and gone
         return gone and (self._cgroup is not None or self.pid_namespace)
 
     # --- for backends ---------------------------------------------------------------------------
@@ -220,10 +224,10 @@ class Sandbox:
                 return True, None
             try:
                 await asyncio.wait_for(_exited(pid), min(left, _WATCH_S))
-                return False, pids_limit if _pids_limit_hits(self._cgroup) > pids_hits else None
+                return False, pids_limit if self._pids_limit_hits() > pids_hits else None
             except asyncio.TimeoutError:
                 pass
-            if _pids_limit_hits(self._cgroup) > pids_hits:
+            if self._pids_limit_hits() > pids_hits:
                 return False, pids_limit
             if await asyncio.to_thread(_disk_usage, self.root) > self.limits.max_disk_bytes:
                 return False, f"disk limit exceeded (max_disk_bytes={self.limits.max_disk_bytes})"
@@ -245,6 +249,13 @@ class Sandbox:
         finally:
             stop.set()  # a cancelled copy stops at its next MiB
 
+    def _joined(self, argv: list[str]) -> list[str]:
+        return self._cgroup.wrap(argv) if self._cgroup else argv
+
+    def _pids_limit_hits(self) -> int:
+        """How many forks the sandbox's pids cgroup has refused so far (0 without one)."""
+        return self._cgroup.pids_limit_hits() if self._cgroup else 0
+
     def _survivors(self) -> set[int]:
         found = set(self._cgroup.pids()) if self._cgroup else set()
         needle = f"{MARKER}={self.marker}".encode()
@@ -262,11 +273,13 @@ class Sandbox:
     async def _reap(self, timeout_s: float) -> bool:
         """SIGKILL every process of the sandbox until none is left; False if some outlive `timeout_s`."""
         deadline = time.monotonic() + timeout_s
-        while survivors := self._survivors():
+        if self._cgroup is not None:  # frozen, then killed: a fork bomb cannot outrun it
+            await asyncio.to_thread(self._cgroup.kill, timeout_s)
+        while survivors := await asyncio.to_thread(self._survivors):  # a /proc scan: off the event loop
             if time.monotonic() > deadline:
                 return False
             for pid in survivors:
-                _kill(pid)
+                cg.sigkill(pid)
             await asyncio.sleep(0.01)
         return True
 
@@ -303,13 +316,6 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _stat(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat after the command name (state first, pgrp third), or None."""
     try:
@@ -325,17 +331,6 @@ def _environ(pid: int) -> bytes:
             return f.read()
     except OSError:
         return b""
-
-
-def _pids_limit_hits(cgroup: PidsCgroup | None) -> int:
-    """How many forks the sandbox's pids cgroup has refused so far (0 without one)."""
-    if cgroup is None:
-        return 0
-    try:
-        events = (cgroup.path / "pids.events").read_text().split()
-    except OSError:
-        return 0
-    return int(events[1]) if len(events) >= 2 else 0
 
 
 def _disk_usage(root: Path) -> int:

@@ -3,23 +3,25 @@
 One `polar-hpc run`, one gateway: benign calculator sessions beside sessions whose harness sends a
 body over the proxy's limit and a big one under it, makes its reward file a FIFO or a symlink to a
 host secret, scans loopback and sends garbage to every open port (ZeroMQ and the engine's HTTP
-routes included, with network host: the widest mode), and fills /dev/shm. (A fork bomb beside
-benign sessions is tests/sandbox/test_escape.py's; in this mix it is not yet contained: see
-docs/sandbox.md, threat model.) Every benign
-session completes with its reward and token-exact trajectory; every hostile one ends with a status
-of its own, and no host secret reaches the shards.
+routes included, with network host: the widest mode), fork-bombs, spins 64 processes on the CPU,
+and fills /dev/shm. Every benign session completes with its reward and token-exact trajectory;
+every hostile one ends with a status of its own, no host secret reaches the shards, and no process
+of a sandbox outlives the run (its cgroups are swept when the test ends, pass or fail).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import polar
-from e2e.helpers import check_fidelity, engine_samples, trajectories, write_jsonl
+from e2e.helpers import check_fidelity, engine_samples, live_processes_matching, trajectories, write_jsonl
+from polar_hpc.sandbox import Cgroups
+from polar_hpc.sandbox.cgroups import CGROUP_ROOT, PARENT, run_key
 
 CALCULATOR = Path(__file__).resolve().parents[2] / "examples" / "calculator"
 
@@ -73,6 +75,10 @@ sys.exit(1 if generated else 0)
 """
 
 
+BOMB = "import os\nwhile True:\n  try: os.fork()\n  except OSError: pass"
+SPIN = "import os\nfor _ in range(6): os.fork()\nwhile True: pass"  # 64 spinners, within max_pids
+
+
 def _task(task_id: str, command: str, files: dict | None = None, **extra) -> dict:
     return {"id": task_id, "instruction": "What is 17 * 23 + 4?", "timeout_s": 60,
             "harness": {"command": command}, "sandbox": {"files": files or {}, **extra.pop("sandbox", {})},
@@ -87,6 +93,7 @@ def test_hostile_sessions_hurt_only_themselves(tmp_path: Path) -> None:
     for name, text in {"big.py": BIG_BODIES, "scan.py": SCAN}.items():
         (tmp_path / name).write_text(text)
     (tmp_path / "agent.py").write_bytes((CALCULATOR / "agent.py").read_bytes())
+    marker = f"bomb-{secrets.token_hex(4)}"
     reward_file = {"kind": "reward_file", "path": "reward.txt"}
     tasks = [
         _task("benign", "python agent.py", {"agent.py": "agent.py"}, num_samples=3,
@@ -94,7 +101,10 @@ def test_hostile_sessions_hurt_only_themselves(tmp_path: Path) -> None:
         _task("big-bodies", "python big.py", {"big.py": "big.py"}),
         _task("fifo-reward", "mkfifo reward.txt", evaluator=reward_file),
         _task("symlink-reward", f"ln -s {secret} reward.txt", evaluator=reward_file),
-        _task("scan", "python scan.py", {"scan.py": "scan.py"}, sandbox={"network": "host"}),
+        _task("scan", "python scan.py", {"scan.py": "scan.py"}, sandbox={"network": "host"},
+              timeout_s=150),  # 1 s per payload to each open port: a shared host has dozens open
+        _task("fork-bomb", f"python -c '{BOMB}' {marker}", timeout_s=20),
+        _task("spinners", f"python -c '{SPIN}' {marker}", timeout_s=20),
         _task("dev-shm", "dd if=/dev/zero of=/dev/shm/fill bs=1M count=2048"),
         _task("huge-instruction", "test $(wc -c < \"$POLAR_INSTRUCTION_FILE\") -ge 204800",
               instruction="y" * (200 << 10)),
@@ -102,7 +112,13 @@ def test_hostile_sessions_hurt_only_themselves(tmp_path: Path) -> None:
     run_dir, topology = tmp_path / "run", tmp_path / "topology.yaml"
     topology.write_text("engine:\n  sample_log: true\n")
     t0 = time.monotonic()
-    result = polar("run", write_jsonl(tmp_path / "tasks.jsonl", tasks), "-c", topology, "--run-dir", run_dir, timeout=280)
+    try:
+        result = polar("run", write_jsonl(tmp_path / "tasks.jsonl", tasks), "-c", topology, "--run-dir", run_dir,
+                       timeout=280)
+        survivors = live_processes_matching(marker)
+        cgroups = [p for p in CGROUP_ROOT.glob(f"*/{PARENT}/{run_key(run_dir)}.*") if p.is_dir()]
+    finally:
+        Cgroups(run_key(run_dir)).sweep(live_too=True)
     out = result.stdout + result.stderr
     assert "Traceback" not in out, out
     by_id = {(t.task_id, t.sample_index): t for t in trajectories(run_dir)}
@@ -119,6 +135,11 @@ def test_hostile_sessions_hurt_only_themselves(tmp_path: Path) -> None:
     fifo = by_id[("fifo-reward", 0)]
     assert fifo.reward is None and fifo.metadata["evaluation"], fifo.metadata
     assert by_id[("symlink-reward", 0)].reward is None
+    bomb = by_id[("fork-bomb", 0)]
+    assert bomb.status in ("error", "timeout"), bomb.metadata  # error: a pids cgroup ended it at once
+    assert bomb.status == "timeout" or bomb.metadata["error"] == "harness killed: process limit reached (max_pids=512)"
+    assert by_id[("spinners", 0)].status == "timeout", by_id[("spinners", 0)].metadata
+    assert survivors == [] and cgroups == [], (survivors, cgroups)
     assert by_id[("dev-shm", 0)].status == "error"
     assert by_id[("huge-instruction", 0)].status == "completed", by_id[("huge-instruction", 0)].metadata
     for shard in (run_dir / "shards").rglob("*"):
