@@ -17,6 +17,7 @@ from proxy.conftest import gateway, short_tmp  # noqa: F401 (fixtures)
 from proxy.helpers import CALCULATOR, MODEL, start_proxy, stop
 
 MAX = 12
+GREEDY = {"temperature": 0}  # (this anthropic SDK takes no temperature argument)
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]
 TOOLS = [{"type": "function", "function": CALCULATOR}]
 HISTORY = [  # a finished tool call in the history: the template renders calls and results
@@ -60,9 +61,9 @@ def _responses(proxy, messages, stream: bool) -> str:
 def _messages(proxy, messages, stream: bool) -> str:
     client = anthropic.Anthropic(base_url=proxy.url, api_key="tok", max_retries=0, timeout=300)
     if not stream:
-        answer = client.messages.create(model=MODEL, messages=messages, max_tokens=MAX, temperature=0)
+        answer = client.messages.create(model=MODEL, messages=messages, max_tokens=MAX, extra_body=GREEDY)
         return "".join(b.text for b in answer.content if b.type == "text")
-    with client.messages.stream(model=MODEL, messages=messages, max_tokens=MAX, temperature=0) as events:
+    with client.messages.stream(model=MODEL, messages=messages, max_tokens=MAX, extra_body=GREEDY) as events:
         return "".join(events.text_stream)
 
 
