@@ -55,9 +55,10 @@ class Vllm:
         with urllib.request.urlopen(request, timeout=120) as r:
             return json.loads(r.read())
 
-    def stop(self) -> None:
+    def stop(self, kill: bool = False) -> None:
+        """Stop it (`kill`: at once, SIGKILL, as a crash would)."""
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # its engine core is a child process
+            os.killpg(self.proc.pid, signal.SIGKILL if kill else signal.SIGTERM)  # the engine core is a child
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -16,6 +16,7 @@ from polar_hpc import wire
 from proxy.conftest import gateway, short_tmp  # noqa: F401 (fixtures)
 from proxy.helpers import CALCULATOR, MODEL, start_proxy, stop
 
+pytestmark = pytest.mark.timeout(900)  # the session's vLLM may start within a test: minutes on a busy host
 MAX = 12
 GREEDY = {"temperature": 0}  # (this anthropic SDK takes no temperature argument)
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]
