@@ -136,6 +136,7 @@ def main() -> None:
         callers = {"direct_tito": Caller("direct_tito", url, args.model, args.max_tokens, renderer),
                    "direct_chat": Caller("direct_chat", url, args.model, args.max_tokens, renderer)}
         try:
+            gateway.wait_records(0)  # its process answers: it is bound before a proxy says hello
             for proxy_id, mode in PROXIES.items():
                 child, proxy_url = start(proxy_id, [
                     "proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", url, "--engine-kind", "vllm",
