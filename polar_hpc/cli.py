@@ -112,6 +112,7 @@ def proxy(
     strict_model: bool = typer.Option(False, help="Refuse (404) requests naming another model."),
     max_body_mb: float = typer.Option(32, min=0.001, help="Larger request bodies get 413."),
     engine_wait_s: float = typer.Option(30, min=0, help="How long a call waits for an engine while none is up."),
+    engine_kind: str = typer.Option("scripted", help="The engines' kind (engine.kind): scripted, sglang or vllm."),
 ) -> None:
     """Serve LLM APIs to harnesses from the engines, recording every call (started by the gateway)."""
     from polar_hpc.proxy.server import ProxyOptions, serve
@@ -119,7 +120,7 @@ def proxy(
     opts = ProxyOptions(
         gateway, tuple(engine_url), host, port, ready_file, model, proxy_id, heartbeat_s,
         peer_timeout_s, unix_socket, mode, tokenizer, tool_parser, strict_model,
-        int(max_body_mb * (1 << 20)), engine_wait_s,
+        int(max_body_mb * (1 << 20)), engine_wait_s, engine_kind,
     )
     raise typer.Exit(_guard(lambda: serve(opts)))
 

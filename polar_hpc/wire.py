@@ -127,9 +127,12 @@ class EngineBye(Message):
 
 
 class Engines(Message):
-    """The engines that are up now (orchestrator -> gateway -> proxy); sent whenever it changes."""
+    """The engines that are up now (orchestrator -> gateway -> proxy); sent whenever it changes.
+    `versions`: each engine's weight version as the orchestrator knows it (those given with
+    --engine-url included), for engines whose answers carry none (vLLM)."""
 
     urls: list[str]
+    versions: dict[str, str] = {}
 
 
 # --- clients -> orchestrator ----------------------------------------------------------------------

@@ -157,6 +157,7 @@ class _Gateway:
         self.liveness = wire.Liveness(gw.peer_timeout_s)
         self.engines = asyncio.Event()
         self.engine_urls = [opts.engine_url] if opts.engine_url else []
+        self.engine_versions: dict[str, str] = {}
         self.proxy_proc: procs.Child | None = None
         loops = [
             asyncio.create_task(self._recv(proxy_sock, 2, self._from_proxy)),
@@ -173,7 +174,7 @@ class _Gateway:
                 self.proxy_proc = self._start_proxy(proxy_endpoint, self.engine_urls, self.proxy.socket)
                 await self._wait_for_proxy(self.proxy_proc)
             if not self.stopping.is_set():
-                self.proxy.send(wire.Engines(urls=self.engine_urls))
+                self.proxy.send(wire.Engines(urls=self.engine_urls, versions=self.engine_versions))
                 self.liveness.heard("proxy")
                 self._to_orchestrator(wire.Credit(n=gw.pools.init))
                 await self.stopping.wait()
@@ -195,7 +196,7 @@ class _Gateway:
         for url in engine_urls:
             args += ["--engine-url", url]
         args += ["--model", topo.engine.model, "--proxy-id", f"{opts.gateway_id}-proxy"]
-        args += ["--mode", topo.proxy.mode, "--tool-parser", topo.proxy.tool_parser]
+        args += ["--mode", topo.proxy.mode, "--tool-parser", topo.proxy.tool_parser, "--engine-kind", topo.engine.kind]
         args += ["--tokenizer", topo.proxy.tokenizer] if topo.proxy.tokenizer else []
         args += ["--strict-model"] if topo.proxy.strict_model else []
         args += ["--max-body-mb", str(topo.proxy.max_body_mb), "--engine-wait-s", str(topo.proxy.engine_wait_s)]
@@ -240,6 +241,7 @@ class _Gateway:
         if isinstance(msg, wire.Assign):
             self.pipeline.assign(msg.session)
         elif isinstance(msg, wire.Engines):
+            self.engine_versions = msg.versions
             if msg.urls:
                 self.engine_urls = msg.urls
                 self.engines.set()

@@ -392,6 +392,8 @@ class Orchestrator:
                                pause_ms=round(pause_ms, 3))
             log.info("weights %s on %d engines (%d failed), pause %.1f ms", msg.weight_version, len(ok), len(errors),
                      pause_ms)
+            if self.engines:  # the proxies stamp the new version on calls to engines that report none
+                self._relay_engines()
         if identity is not None:
             self._send(identity, wire.WeightsUpdated(weight_version=msg.weight_version, mode=mode, engines=ok,
                                                      pause_ms=pause_ms, errors=errors))
@@ -432,7 +434,8 @@ class Orchestrator:
             self._send(identity, wire.Assign(session=spec))
 
     def _engine_list(self) -> wire.Engines:
-        return wire.Engines(urls=sorted(e.url for e in self.engines.values()))
+        versions = {**self.static_engines, **{e.url: e.weight_version for e in self.engines.values()}}
+        return wire.Engines(urls=sorted(e.url for e in self.engines.values()), versions=versions)
 
     def _relay_engines(self) -> None:
         engines = self._engine_list()

@@ -1,7 +1,9 @@
 """Calls the engine aborted (a weight update in `abort` mode) become a retryable error for the harness.
 
-- `check_generate(answer)` / `check_chat(answer)`: raise `Aborted` when an engine answer (SGLang
-  /generate, or its last stream event; /v1/chat/completions) ends with finish_reason abort.
+- `check(result, version, url)`: the engine client's `Sampled` (`engines.capture`), stamped with
+  the engine's weight version as the proxy knew it when the call started if the engine reports
+  none (vLLM); `Aborted` when it ended with finish abort; a malformed answer is `EngineError`
+  502 (`checked(url)` turns `BadAnswer` into it around any reading of an answer).
 - `answer(api, error, stream, events)`: nothing streamed yet (`stream` None): HTTP 503 with
   `Retry-After: 1` and `x-should-retry: true`, the body in the API's error shape (the openai and
   anthropic SDKs retry it). The stream began: the API's own error event, then the end of the
@@ -12,10 +14,15 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
 from aiohttp import web
+
+from polar_hpc.engines.capture import BadAnswer, Sampled
+from polar_hpc.proxy.engine_client import EngineError
 
 RETRY_HEADERS = {"Retry-After": "1", "x-should-retry": "true"}
 
@@ -26,19 +33,26 @@ class Aborted(Exception):
         self.message, self.weight_version = message, weight_version
 
 
-def check_generate(answer: dict[str, Any]) -> None:
-    meta = answer.get("meta_info") or {}
-    finish = meta.get("finish_reason")
-    if isinstance(finish, dict) and finish.get("type") == "abort":
-        raise Aborted(_message(finish.get("message")), str(meta.get("weight_version", "")))
+def check(result: Callable[[], Sampled], version: str, url: str) -> Sampled:
+    """The engine's `Sampled` (`result()`), its weight version `version` (the engine's as the
+    proxy knew it when the call started) when the engine reports none; `Aborted` when it was
+    aborted, `EngineError` (502) when it lacks capture fields."""
+    with checked(url):
+        sampled = result()
+    if sampled.weight_version is None:
+        sampled.weight_version = version
+    if sampled.finish == "abort":
+        raise Aborted(_message(sampled.message), sampled.weight_version)
+    return sampled
 
 
-def check_chat(answer: dict[str, Any]) -> None:
-    choices = answer.get("choices")
-    if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
-            and choices[0].get("finish_reason") == "abort":
-        version = (answer.get("metadata") or {}).get("weight_version", "")
-        raise Aborted(_message(None), str(version))
+@contextlib.contextmanager
+def checked(url: str) -> Iterator[None]:
+    """Reading an engine's answer: `BadAnswer` becomes `EngineError` (502, not to be retried)."""
+    try:
+        yield
+    except BadAnswer as e:
+        raise EngineError(502, f"engine at {url}: {e}", True) from None
 
 
 def _message(detail: Any) -> str:

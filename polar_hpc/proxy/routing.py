@@ -6,6 +6,7 @@ returns `(result, retried)`: a session keeps its engine (for SGLang's prefix cac
 a new session gets the engine with the fewest calls in flight. When an engine is unreachable or
 fails (502) before anything was received, it is marked down for `down_s` seconds and the call is
 retried on the next engine, each engine at most once; `retried` lists the engines that failed.
+`version(url)` is the engine's weight version as the last `set_engines(urls, versions)` gave it.
 A 400 (the request's fault) is not retried. `set_engines(urls)` changes the membership (clients
 of engines that left are closed once idle; sessions on them move on their next call). While there
 is no engine at all (one restarting), a call waits up to `hold_s` for one to register, then fails
@@ -41,8 +42,9 @@ class Router:
     def urls(self) -> list[str]:
         return list(self._clients)
 
-    def set_engines(self, urls: list[str]) -> None:
+    def set_engines(self, urls: list[str], versions: dict[str, str] | None = None) -> None:
         urls = [u.rstrip("/") for u in urls]
+        self._versions = {u.rstrip("/"): v for u, v in (versions or {}).items()}
         for url in urls:
             if url not in self._clients:
                 self._clients[url] = EngineClient(url)
@@ -56,6 +58,10 @@ class Router:
     async def close(self) -> None:
         for client in [*self._clients.values(), *self._gone]:
             await client.close()
+
+    def version(self, url: str) -> str:
+        """The engine's weight version as the registry last said ("" if it did not)."""
+        return self._versions.get(url, "")
 
     def client(self, url: str) -> EngineClient:
         return self._clients[url]

@@ -56,6 +56,7 @@ from aiohttp import ClientError, web
 
 from polar_hpc import wire
 from polar_hpc.config import ConfigError
+from polar_hpc.engines import capture
 from polar_hpc.proxy import aborted, anthropic, openai_responses
 from polar_hpc.proxy import openai_chat as oc
 from polar_hpc.proxy.calls import BIG, BadRequest, ToolCall, assistant_message, offload, release_memory
@@ -90,6 +91,7 @@ class ProxyOptions:
     strict_model: bool = False
     max_body: int = 32 << 20  # bytes of a request body; larger ones get 413
     engine_wait_s: float = 30.0  # how long a call waits for an engine while none is registered
+    engine_kind: str = "scripted"  # engine.kind: which engines.capture client speaks to the engines
 
 
 def serve(opts: ProxyOptions) -> None:
@@ -155,7 +157,7 @@ class _Proxy:
                 await self._close(message.session_id)
             elif isinstance(message, wire.Engines):
                 log.info("engines now: %s", ", ".join(message.urls) or "none")
-                self.router.set_engines(message.urls)
+                self.router.set_engines(message.urls, message.versions)
             elif isinstance(message, wire.Shutdown):
                 log.info("gateway asked to shut down: %s", message.reason)
                 return
@@ -359,15 +361,19 @@ def _write_ready(path: Path, url: str) -> None:
 
 
 def _capture_mode(opts: ProxyOptions, router: Router):
+    try:
+        engine = capture.client(opts.engine_kind)
+    except ValueError as e:
+        raise ConfigError(f"proxy: {e}") from None
     if opts.mode == "passthrough":
-        return Passthrough(router, opts.model)
+        return Passthrough(router, opts.model, engine)
     if opts.mode != "tito":
         raise ConfigError(f"proxy mode {opts.mode!r} is not known (tito, passthrough)")
     if opts.tool_parser not in PARSERS:
         raise ConfigError(f"tool parser {opts.tool_parser!r} is not known ({', '.join(PARSERS)})")
     try:
         renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
-        return Tito(renderer, opts.tool_parser, router)
+        return Tito(renderer, opts.tool_parser, router, engine)
     except ValueError as e:
         raise ConfigError(f"proxy: {e}") from None
 

@@ -6,12 +6,13 @@ the last `RENDER_CACHE` renderings (keyed by exactly what the template sees) and
 tokenizations, each cache within `CACHE_BYTES`, and each token's text. Messages its template
 cannot render are a `BadRequest`. A big call's prompt is built in the worker thread
 (`calls.offload`): the caches are locked, and a chain is replaced, never changed in place.
-`Tito(renderer, tool_parser, router)`: `await answer(session, call, emit)` renders
-the call's conversation, asks an engine's `/generate` with `input_ids`, `return_logprob` and
-`stream` when the harness streams, awaits `emit(piece)` for each piece of content as tokens arrive
-and for each tool call (a `ToolCall`) as soon as its closing tag arrives (`CallReader` over the
-engine's cumulative text), and returns the `Outcome` (the same content and calls, ids included;
-`aborted.Aborted` if the engine aborted the generation).
+`Tito(renderer, tool_parser, router, engine)`: `await answer(session, call, emit)` renders
+the call's conversation, asks an engine to sample from its token ids (the kind's client's
+`generate`, `engines.capture`), streamed when the harness streams, awaits `emit(piece)` for each
+piece of content as tokens arrive and for each tool call (a `ToolCall`) as soon as its closing tag
+arrives (`CallReader` over the engine's text), and returns the `Outcome` (the same content and
+calls, ids included; `aborted.Aborted` if the engine aborted the generation; `EngineError` 502 if
+the engine reports other prompt ids than it was sent).
 
 Drift-free history: `Chains` (one per session) keeps, for each chain of calls, the conversation
 through the last sampled reply and its exact ids (prompt + sampled). When a call re-sends that
@@ -33,11 +34,13 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import msgspec
 from jinja2 import TemplateError
 
+from polar_hpc.engines.capture import Sampled, Sampling
 from polar_hpc.proxy import aborted
 from polar_hpc.proxy.calls import (
     BadRequest, Call, Outcome, ToolCall, assistant_message, message_key, new_id, offload,
@@ -150,12 +153,6 @@ class Renderer:
         return self.tokenizer.decode([token_id])
 
 
-async def _engine_facts(client: EngineClient) -> tuple[str | None, int]:
-    info = await client.get_json("/get_model_info")
-    cards = (await client.get_json("/v1/models")).get("data") or [{}]
-    return info.get("tokenizer_path"), int(cards[0].get("max_model_len") or 32768)
-
-
 def _generation_eos(folder: Path) -> list[int]:
     try:
         value = json.loads((folder / "generation_config.json").read_text()).get("eos_token_id")
@@ -266,12 +263,12 @@ class Chains:
 
 
 class Tito:
-    """`renderer` may be None: the engine's tokenizer (`/get_model_info` `tokenizer_path`) and
-    context length (`/v1/models` `max_model_len`) are then looked up by `warm()` (at start) or by
-    the first call."""
+    """`engine` is the engine kind's client module (`engines.capture.client`). `renderer` may be
+    None: the engine's tokenizer folder and context length are then looked up (`model_facts`) by
+    `warm()` (at start) or by the first call."""
 
-    def __init__(self, renderer: Renderer | None, parser_name: str, router: Router) -> None:
-        self.renderer, self.parser_name, self.router = renderer, parser_name, router
+    def __init__(self, renderer: Renderer | None, parser_name: str, router: Router, engine: ModuleType) -> None:
+        self.renderer, self.parser_name, self.router, self.engine = renderer, parser_name, router, engine
         self.parser = parser_for(parser_name, renderer.chat_template) if renderer else None
         self.context_length: int | None = None
         self._setup = asyncio.Lock()
@@ -281,10 +278,11 @@ class Tito:
         async with self._setup:
             if self.renderer is not None and self.context_length is not None:
                 return
-            (folder, self.context_length), _ = await self.router.attempt(session_id, _engine_facts)
+            (folder, self.context_length), _ = await self.router.attempt(
+                session_id, lambda client: self.engine.model_facts(client.get_json))
             if self.renderer is None:
                 if not folder:
-                    raise EngineError(502, "the engine names no tokenizer_path; give the proxy --tokenizer")
+                    raise EngineError(502, "the engine names no tokenizer folder; give the proxy --tokenizer")
                 try:
                     self.renderer = await asyncio.to_thread(Renderer, folder)
                 except ValueError as e:
@@ -314,20 +312,14 @@ class Tito:
         budget = call.max_tokens
         if budget is None:
             budget = max(self.context_length - len(prompt.ids), 1)
-        sampling: dict[str, Any] = {"max_new_tokens": budget, "skip_special_tokens": True}
-        if call.stop:
-            sampling["stop"] = call.stop
-        for key in ("temperature", "top_p"):
-            if getattr(call, key) is not None:
-                sampling[key] = getattr(call, key)
-        rid = call.id
-        body = {"input_ids": prompt.ids, "sampling_params": sampling, "return_logprob": True,
-                "stream": call.stream, "rid": rid}
-        (last, url, reply), retried = await self.router.attempt(
-            session_id, lambda client: self._generate(client, body, call, emit)
+        sampling = Sampling(budget, call.temperature, call.top_p, tuple(call.stop or ()))
+        (sampled, url, reply), retried = await self.router.attempt(
+            session_id, lambda client: self._generate(client, prompt.ids, sampling, call, emit)
         )
-        outcome = self._outcome(rid, call, prompt.ids, last, url, reply)
-        outcome.meta.update(rid=rid, mode="tito", chain=chains.record(prompt, call, outcome))
+        outcome = self._outcome(call, prompt.ids, sampled, url, reply)
+        if sampled.prompt_ids is not None and sampled.prompt_ids != prompt.ids:
+            raise EngineError(502, f"engine at {url} sampled from other prompt ids than it was sent", True)
+        outcome.meta.update(rid=call.id, mode="tito", chain=chains.record(prompt, call, outcome))
         if prompt.chain is None:
             outcome.meta["new_chain"] = prompt.why
         if retried:
@@ -335,62 +327,50 @@ class Tito:
         return outcome
 
     async def _generate(
-        self, client: EngineClient, body: dict, call: Call,
+        self, client: EngineClient, ids: list[int], sampling: Sampling, call: Call,
         emit: Callable[[str | ToolCall], Awaitable[None]],
-    ) -> tuple[dict, str, tuple[str | None, list[ToolCall]]]:
-        """The engine's last (cumulative) answer, its URL and the reply's (content, tool calls);
-        when streaming, content and calls are emitted as they are read."""
-        if not body["stream"]:
-            last = await client.post_json("/generate", body)
-            aborted.check_generate(last)
-            content, calls = self.parser.parse(last.get("text") or "", call.tools)
-            return last, client.base_url, (content, [_tool_call(n, a) for n, a in calls])
-        reader, read, last = CallReader(self.parser, call.tools), 0, None
-        content, tool_calls = [], []
+    ) -> tuple[Sampled, str, tuple[str | None, list[ToolCall]]]:
+        """The engine's sampled reply, its URL and the reply's (content, tool calls); when
+        streaming, content and calls are emitted as they are read."""
+        path, body = self.engine.generate(ids, sampling, call.stream, call.id)
+        generation, version = self.engine.Generation(), self.router.version(client.base_url)
+        if not call.stream:
+            with aborted.checked(client.base_url):
+                text = generation.feed(await client.post_json(path, body))
+            sampled = aborted.check(generation.result, version, client.base_url)
+            content, calls = self.parser.parse(text, call.tools)
+            return sampled, client.base_url, (content, [_tool_call(n, a) for n, a in calls])
+        reader, content, tool_calls = CallReader(self.parser, call.tools), [], []
         # closed at once when the call is cancelled (not when the generator is collected)
-        async with contextlib.aclosing(client.stream_json("/generate", body)) as events:
+        async with contextlib.aclosing(client.stream_json(path, body)) as events:
             async for event in events:
-                last = event
-                text = event.get("text") or ""  # cumulative: each event's text extends the last's
-                piece, calls = reader.feed(text[read:])
-                read = len(text)
+                with aborted.checked(client.base_url):
+                    piece, calls = reader.feed(generation.feed(event))
                 for part in [piece, *(_tool_call(n, a) for n, a in calls)]:
                     if part:
                         await emit(part)
                         (content if isinstance(part, str) else tool_calls).append(part)
-        if last is None:
-            raise EngineError(502, f"engine at {client.base_url} streamed nothing")
-        aborted.check_generate(last)
+        sampled = aborted.check(generation.result, version, client.base_url)
         rest = reader.finish()
         if rest:
             await emit(rest)
             content.append(rest)
-        return last, client.base_url, ("".join(content) or None, tool_calls)
+        return sampled, client.base_url, ("".join(content) or None, tool_calls)
 
     def _outcome(
-        self, rid: str, call: Call, prompt_ids: list[int], last: dict, url: str,
+        self, call: Call, prompt_ids: list[int], sampled: Sampled, url: str,
         reply: tuple[str | None, list[ToolCall]],
     ) -> Outcome:
-        meta = last.get("meta_info") or {}
-        try:
-            pairs = meta["output_token_logprobs"]
-            output_ids = [int(p[1]) for p in pairs]
-            logprobs = [float(p[0]) for p in pairs]
-            finish = meta.get("finish_reason") or {}
-            weight_version = str(meta.get("weight_version", ""))
-        except (KeyError, TypeError, ValueError, IndexError) as e:
-            raise EngineError(502, f"engine answer lacks capture fields ({e!r})", True) from None
         content, calls = reply
-        finish_type = finish.get("type") if isinstance(finish, dict) else finish
-        finish_reason = "length" if finish_type == "length" else "stop"
+        finish_reason = "length" if sampled.finish == "length" else "stop"
         if calls and finish_reason == "stop":
             finish_reason = "tool_calls"
         return Outcome(
-            rid=rid, content=content, tool_calls=calls,
-            finish_reason=finish_reason, prompt_ids=prompt_ids, output_ids=output_ids,
-            output_logprobs=logprobs, weight_version=weight_version, engine_url=url,
-            cached_tokens=int(meta.get("cached_tokens") or 0),
-            token_texts=[self.renderer.token_text(i) for i in output_ids] if call.logprobs else None,
+            rid=call.id, content=content, tool_calls=calls,
+            finish_reason=finish_reason, prompt_ids=prompt_ids, output_ids=sampled.ids,
+            output_logprobs=sampled.logprobs, weight_version=sampled.weight_version or "",
+            engine_url=url, cached_tokens=sampled.cached_tokens,
+            token_texts=[self.renderer.token_text(i) for i in sampled.ids] if call.logprobs else None,
         )
 
 

@@ -199,6 +199,7 @@ def test_failover_when_an_engine_stops_mid_session(short_tmp, gateway):
     (["--tokenizer", "/nonexistent/model"], "cannot load the tokenizer in /nonexistent/model"),
     (["--mode", "magic"], "proxy mode 'magic' is not known"),
     (["--tool-parser", "xml"], "tool parser 'xml' is not known"),
+    (["--engine-kind", "tgi"], "engine kind 'tgi' is not known"),
 ])
 def test_bad_options_are_exit_2(gateway, engine, flags, problem):
     done = subprocess.run(

@@ -1,0 +1,97 @@
+"""What the proxy asks of an engine and gets back, in one form whatever the engine kind.
+
+`client(kind)` is the one lookup of `engine.kind` (scripted, sglang, vllm) -> that kind's client
+module (`engines/<kind>/client.py`; the scripted engine speaks SGLang's routes). Every client
+module has:
+- `generate(ids, sampling, stream, rid) -> (path, body)`: the request that samples a reply to the
+  prompt `ids` (tito), with the `Sampling` asked, streamed or not, the engine's logprob of each
+  sampled token and the sampled ids returned, special tokens left out of the text.
+- `Generation()`: reads that answer, or each event of its stream, in order: `feed(event)` returns
+  the text new in it (what the harness may be streamed); `result()` the `Sampled`.
+- `chat(body) -> (path, body)`: the engine's Chat Completions request (passthrough) for an OpenAI
+  Chat `body`, not streamed, with prompt ids, sampled ids and their logprobs returned.
+- `chat_answer(answer) -> Sampled`: its answer, content and tool calls included.
+- `async model_facts(get_json) -> (tokenizer folder or None, context length)`, `get_json(path)`
+  being the engine's decoded JSON answer to a GET.
+A malformed answer (a capture field missing, ids and logprobs of different lengths) raises
+`BadAnswer` naming what is wrong.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+import msgspec
+
+BROKEN = (KeyError, IndexError, TypeError, ValueError, AttributeError, msgspec.ValidationError)
+
+
+class BadAnswer(ValueError):
+    """The engine's answer lacks what capture needs."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    max_tokens: int
+    temperature: float | None = None  # None: the engine's default
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Sampled:
+    """One sampled reply: `ids[i]` was sampled with logprob `logprobs[i]` (the end token included
+    when it was sampled). `finish` is stop | length | abort (a weight update in `abort` mode; then
+    `message` says why); `weight_version` None when the engine reports none."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish: str
+    weight_version: str | None = None
+    cached_tokens: int = 0
+    matched_stop: int | str | None = None  # the stop id or string that ended it, when known
+    prompt_ids: list[int] | None = None  # as the engine reports them
+    rid: str = ""  # the engine's id of the request
+    text: str = ""  # generate: the sampled text (special tokens left out)
+    content: str | None = None  # chat: the reply's content and tool calls (id, name, arguments)
+    tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
+    token_texts: list[str] | None = None  # chat: each sampled token's text
+    message: str = ""
+
+
+def check_lengths(s: Sampled) -> Sampled:
+    if len(s.ids) != len(s.logprobs):
+        raise BadAnswer(f"engine returned {len(s.logprobs)} logprobs for {len(s.ids)} tokens")
+    return s
+
+
+def chat_sampled(answer: dict, choice: dict, prompt_ids: Any, ids: Any, version: Any) -> Sampled:
+    """The `Sampled` of an OpenAI-shaped chat answer, given where the engine puts its ids (raises
+    what `BROKEN` lists when a field is missing)."""
+    message, entries = choice["message"], choice["logprobs"]["content"]
+    details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+    return check_lengths(Sampled(
+        ids=msgspec.convert(ids, list[int]),
+        logprobs=[msgspec.convert(e["logprob"], float) for e in entries],
+        finish=msgspec.convert(choice["finish_reason"], str),
+        weight_version=None if version is None else msgspec.convert(version, str),
+        cached_tokens=int(details.get("cached_tokens") or 0),
+        matched_stop=choice.get("matched_stop", choice.get("stop_reason")),
+        prompt_ids=msgspec.convert(prompt_ids, list[int]), rid=str(answer["id"]),
+        content=message.get("content"),
+        tool_calls=[(str(c["id"]), str(c["function"]["name"]), str(c["function"]["arguments"]))
+                    for c in message.get("tool_calls") or []],
+        token_texts=[str(e.get("token", "")) for e in entries],
+    ))
+
+
+def client(kind: str) -> ModuleType:
+    from polar_hpc.engines.sglang import client as sglang
+    from polar_hpc.engines.vllm import client as vllm
+
+    clients = {"scripted": sglang, "sglang": sglang, "vllm": vllm}
+    if kind not in clients:
+        raise ValueError(f"engine kind {kind!r} is not known (known: {', '.join(clients)})")
+    return clients[kind]

@@ -1,0 +1,98 @@
+"""The engine clients (`engines.capture`): SGLang's cumulative events and vLLM's delta events read
+into the same `Sampled`, however the stream is cut; malformed answers are `BadAnswer`, never a
+crash or a silently short record. (Against real engines: tests/proxy with the scripted engine,
+tests/vllm with vLLM.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from polar_hpc.engines import capture
+from polar_hpc.engines.capture import BadAnswer, Sampling
+
+SGLANG, VLLM = capture.client("sglang"), capture.client("vllm")
+IDS, LOGPROBS, TEXTS = [5, 7, 2], [-0.5, -1.25, -0.125], ["a", "bc", ""]
+
+
+def _sglang_events(n: int) -> list[dict]:
+    """The cumulative events of SGLang's stream after each of the first n tokens."""
+    return [{"text": "".join(TEXTS[:k]), "meta_info": {
+        "output_token_logprobs": [[lp, i, None] for lp, i in zip(LOGPROBS[:k], IDS[:k])], "weight_version": "w3",
+        "finish_reason": {"type": "stop", "matched": 2} if k == len(IDS) else None, "id": "r"}}
+        for k in range(1, n + 1)]
+
+
+def _vllm_events(cuts: list[int]) -> list[dict]:
+    """vLLM's delta events, cut before the ids at `cuts`, then its usage event."""
+    bounds = [0, *cuts, len(IDS)]
+    events = [{"id": "cmpl-r", "choices": [{
+        "text": "".join(TEXTS[a:b]), "token_ids": IDS[a:b], "logprobs": {"token_logprobs": LOGPROBS[a:b]},
+        "prompt_token_ids": [1, 2] if a == 0 else None,
+        "finish_reason": "stop" if b == len(IDS) else None, "stop_reason": None}]} for a, b in zip(bounds, bounds[1:])]
+    return [*events, {"id": "cmpl-r", "choices": [], "usage": {"prompt_tokens": 2}}]
+
+
+def _read(client, events: list[dict]) -> tuple[str, capture.Sampled]:
+    g = client.Generation()
+    text = "".join(g.feed(e) for e in events)
+    return text, g.result()
+
+
+@pytest.mark.parametrize("cuts", [[], [1], [2], [1, 2]])
+def test_both_engines_read_into_the_same_record_however_cut(cuts) -> None:
+    text, v = _read(VLLM, _vllm_events(cuts))
+    s_text, s = _read(SGLANG, _sglang_events(len(IDS)))
+    assert text == s_text == "abc"
+    assert (v.ids, v.logprobs, v.finish) == (s.ids, s.logprobs, s.finish) == (IDS, LOGPROBS, "stop")
+    assert (v.weight_version, s.weight_version) == (None, "w3")  # vLLM's is the proxy's to stamp
+    assert v.prompt_ids == [1, 2] and s.matched_stop == 2
+
+
+def test_requests_carry_what_capture_needs() -> None:
+    path, body = VLLM.generate([1, 2], Sampling(9, 0.5, None, ("x",)), True, "r1")
+    assert path == "/v1/completions" and body["prompt"] == [1, 2] and body["logprobs"] == 0
+    assert body["return_token_ids"] and body["stream"] and body["stop"] == ["x"] and "top_p" not in body
+    path, body = SGLANG.generate([1, 2], Sampling(9), False, "r1")
+    assert path == "/generate" and body["input_ids"] == [1, 2] and body["return_logprob"]
+    for client in (SGLANG, VLLM):
+        path, body = client.chat({"messages": [], "stream": True})
+        assert path == "/v1/chat/completions" and body["return_token_ids"] and body["logprobs"] and not body["stream"]
+
+
+@pytest.mark.parametrize("event", [
+    {"choices": [{"token_ids": [1, "x"], "finish_reason": "stop"}]},
+    {"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": [None]}, "finish_reason": "stop"}]},
+    {"choices": "no"}, {"nothing": 1}, {"choices": [{"text": 5, "finish_reason": "stop"}]},
+])
+def test_malformed_vllm_events_are_bad_answers(event) -> None:
+    with pytest.raises(BadAnswer):
+        _read(VLLM, [event])
+
+
+@pytest.mark.parametrize("events", [
+    [],  # nothing
+    [{"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": [-1.0]}}]}],  # never finished
+    [{"choices": [{"token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]}],
+])
+def test_a_vllm_answer_short_of_logprobs_or_unfinished_is_bad(events) -> None:
+    with pytest.raises(BadAnswer):
+        _read(VLLM, events)
+
+
+@pytest.mark.parametrize("answer", [
+    {}, {"choices": []}, {"id": "x", "prompt_token_ids": [1], "choices": [{"message": {}, "token_ids": [1, 2],
+     "logprobs": {"content": [{"logprob": -1.0}]}, "finish_reason": "stop"}]},
+])
+def test_malformed_chat_answers_are_bad(answer) -> None:
+    for client in (SGLANG, VLLM):
+        with pytest.raises(BadAnswer):
+            client.chat_answer(answer)
+
+
+def test_an_abort_is_reported_as_such() -> None:
+    event = {"choices": [{"token_ids": [], "logprobs": None, "finish_reason": "abort"}]}
+    assert _read(VLLM, [event])[1].finish == "abort"
+    meta = {"output_token_logprobs": [], "finish_reason": {"type": "abort", "message": "update"}}
+    assert _read(SGLANG, [{"text": "", "meta_info": meta}])[1].message == "update"
+    with pytest.raises(ValueError, match="not known"):
+        capture.client("tgi")
