@@ -80,6 +80,7 @@ class Registry:
             mode = msg.mode or self.service.weight_update_mode
             self.journal.write("weights_update", path=msg.model_path, weight_version=msg.weight_version, engines=urls,
                                mode=mode)
+            self.journal.flush()  # on record while the engines load
             pause_ms, errors = await weights.update_engines(urls, msg.model_path, msg.weight_version, mode,
                                                             self.service.weight_update_timeout_s, self.engine_key)
             failed = {e.split(": ", 1)[0] for e in errors}

@@ -42,6 +42,8 @@ from polar_hpc.orchestrator.sessions import FINAL, SessionTable
 
 log = logging.getLogger("polar_hpc.orchestrator")
 
+_BATCH = 1000  # messages taken at once before their answers go out
+
 
 def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
           engine_urls: tuple[str, ...] = ()) -> int:
@@ -93,6 +95,7 @@ class Orchestrator:
             self.sock.bind(f"tcp://{host}:{port}")
         self.endpoint = f"tcp://{advertise or host}:{port}"
         self.refusals = Refusals()
+        self._outbox: list[tuple[bytes, wire.Message]] | None = None  # while a batch is handled
         self.stopping = asyncio.Event()
         peers = wire.Liveness(topology.gateway.peer_timeout_s)
         self.registry = Registry(self.service, topology.engine.weight_version, engine_urls,
@@ -108,6 +111,7 @@ class Orchestrator:
             self.journal.write("resumed", done=len(self.done), restart=os.environ.get("SLURM_RESTART_COUNT"))
         self.journal.write_many("queued", (dict(session=s.session_id, task=s.task.id, sample=s.sample_index,
                                                 attempt=s.attempt) for s in table.queue))
+        self.journal.flush()
         info = {"endpoint": self.endpoint, "pid": os.getpid()}
         if self.auth is not None:
             info["curve_server_key"] = security.server_public_key(self.run_dir)
@@ -123,7 +127,7 @@ class Orchestrator:
             if s.state not in FINAL and s.state != "queued":
                 self.journal.write("interrupted", session=s.session_id, reason="orchestrator stopping")
         for identity in self.watch.members():
-            self.send(identity, wire.Shutdown(reason="run finished"))
+            self.send(identity, wire.Shutdown(reason="run finished"))  # the journal is written first
         for t in tasks:
             t.cancel()
         self.journal.close()
@@ -133,6 +137,14 @@ class Orchestrator:
         return 0
 
     def send(self, identity: bytes, msg: wire.Message) -> None:
+        """Send now, or at the end of the batch of messages being handled, after the journal."""
+        if self._outbox is not None:
+            self._outbox.append((identity, msg))
+            return
+        self.journal.flush()
+        self._send(identity, msg)
+
+    def _send(self, identity: bytes, msg: wire.Message) -> None:
         try:
             self.sock.send_multipart([identity, wire.encode(msg)])
         except zmq.ZMQError as e:  # the peer is gone (ROUTER_MANDATORY)
@@ -143,20 +155,37 @@ class Orchestrator:
             self.send(identity, msg)
 
     async def _recv(self) -> None:
-        """Every message, whatever its frames, size or content: handled, or refused and logged."""
+        """Every message, whatever its frames, size or content: handled, or refused and logged. The
+        messages waiting are taken in one batch (up to _BATCH); their journal lines are written
+        once, then their answers are sent."""
         secured = self.auth is not None
+        waiting = zmq.Socket.shadow(self.sock.underlying)  # plain non-blocking reads of the same socket
         while True:
-            frames = await self.sock.recv_multipart(copy=False)
-            identity = frames[0].bytes
-            try:
-                msg = wire.unpack([f.bytes for f in frames], 2)
-            except wire.BadMessage as e:
-                self.refusals.note(identity, f"dropped a message: {e}")
-                continue
-            try:
-                self._handle(identity, security.peer_roles(frames[-1], secured), msg)
-            except Exception:  # a bug must not end the loop every peer depends on
-                log.exception("handling %s from %s failed", type(msg).__name__, identity.hex())
+            batch = [await self.sock.recv_multipart(copy=False)]
+            while len(batch) < _BATCH:
+                try:
+                    batch.append(waiting.recv_multipart(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    break
+            self._outbox = []
+            for frames in batch:
+                self._take(frames, secured)
+            outbox, self._outbox = self._outbox, None
+            self.journal.flush()
+            for identity, msg in outbox:
+                self._send(identity, msg)
+
+    def _take(self, frames: list[zmq.Frame], secured: bool) -> None:
+        identity = frames[0].bytes
+        try:
+            msg = wire.unpack([f.bytes for f in frames], 2)
+        except wire.BadMessage as e:
+            self.refusals.note(identity, f"dropped a message: {e}")
+            return
+        try:
+            self._handle(identity, security.peer_roles(frames[-1], secured), msg)
+        except Exception:  # a bug must not end the loop every peer depends on
+            log.exception("handling %s from %s failed", type(msg).__name__, identity.hex())
 
     def _handle(self, identity: bytes, roles: frozenset[str], msg: wire.AnyMessage) -> None:
         route = ROUTES.get(type(msg))
@@ -181,6 +210,7 @@ class Orchestrator:
             if self.service.enabled:
                 self.front.take_inbox()
             self.watch.beat()
+            self.journal.flush()
             await asyncio.sleep(self.topology.gateway.heartbeat_s)
 
     def hello(self, identity: bytes, msg: wire.Hello) -> wire.Engines:

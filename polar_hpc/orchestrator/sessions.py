@@ -35,6 +35,7 @@ class Session:
 class SessionTable:
     sessions: dict[str, Session] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)
+    _dumped: dict[str, dict] = field(default_factory=dict)  # task id -> the task as SessionSpec carries it
 
     @classmethod
     def from_tasks(cls, tasks: list[Task], done: dict | None = None, attempts: dict | None = None) -> "SessionTable":
@@ -80,9 +81,12 @@ class SessionTable:
             return None
         s = self.queue.popleft()
         s.state, s.gateway = "assigned", gateway
+        task = self._dumped.get(s.task.id)
+        if task is None:  # once per task, not per session
+            task = self._dumped[s.task.id] = s.task.model_dump(mode="json")
         return wire.SessionSpec(
             session_id=s.session_id,
-            task=s.task.model_dump(mode="json"),
+            task=task,
             sample_index=s.sample_index,
             attempt=s.attempt,
             deadline=time.time() + s.task.timeout_s,
