@@ -62,6 +62,21 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def _sessions(run_dir: Path, service_run: bool, done: dict, attempts: dict) -> tuple[SessionTable, service.Batches, bool]:
+    """The run's sessions (the task file's, and in a service run those trainers added in an
+    earlier life), its batches, and whether it was draining."""
+    tasks_path = run_dir / "tasks.jsonl"
+    empty = service_run and (not tasks_path.exists() or not tasks_path.read_text().strip())
+    tasks = [] if empty else load_tasks(tasks_path, files_checked=True)  # sandbox files checked by `prepare`
+    submitted, draining = service_events(run_dir) if service_run else ([], False)
+    added = [Task.model_validate(e["task"]) for e in submitted]
+    batches = service.Batches()
+    batches.add("initial", [t.id for t in tasks])
+    for event, task in zip(submitted, added):
+        batches.add(event["batch"], [task.id], event.get("max_staleness"))
+    return SessionTable.from_tasks(tasks + added, done, attempts), batches, draining
+
+
 class Orchestrator:
     def __init__(self, run_dir: Path, host: str, port: int, advertise: str | None = None,
                  engine_urls: tuple[str, ...] = ()) -> None:
@@ -69,17 +84,8 @@ class Orchestrator:
         self.topology = topology = load_topology(run_dir / "topology.yaml")
         self.service = topology.service
         self.done, attempts = replay(run_dir)
-        tasks_path = run_dir / "tasks.jsonl"
-        empty = self.service.enabled and (not tasks_path.exists() or not tasks_path.read_text().strip())
-        tasks = [] if empty else load_tasks(tasks_path, files_checked=True)  # sandbox files checked by `prepare`
-        submitted, draining = service_events(run_dir) if self.service.enabled else ([], False)
-        added = [Task.model_validate(e["task"]) for e in submitted]  # by trainers, in an earlier life
-        table = SessionTable.from_tasks(tasks + added, self.done, attempts)
-        batches = service.Batches()
-        batches.add("initial", [t.id for t in tasks])
-        for event, task in zip(submitted, added):
-            batches.add(event["batch"], [task.id], event.get("max_staleness"))
         self.resumed = bool(attempts)
+        table, batches, draining = _sessions(run_dir, self.service.enabled, self.done, attempts)
         self.journal = Journal(run_dir)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
