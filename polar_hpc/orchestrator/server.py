@@ -8,8 +8,10 @@ its part by the dispatch table `ROUTES`, keyed on the wire type: a kind it does 
 role that may not send it (with `<run>/keys/` present every peer must hold one of the run's role
 keys), or a service request in a batch run, never reaches a part; it is logged and dropped
 (answered `Refused` where the sender waits), as is any malformed multipart. Without keys it binds
-only to loopback. Its endpoint (and, with keys, its CURVE public key) is written to
-`<run>/rendezvous.json` (`procs.write_ready`: mode 0600, atomically) once it is bound.
+only to loopback. The messages waiting are handled as one batch: the batch's journal lines are
+written in one write, then its answers are sent, so a crash loses nothing a peer was told. Its
+endpoint (and, with keys, its CURVE public key) is written to `<run>/rendezvous.json`
+(`procs.write_ready`: mode 0600, atomically) once it is bound.
 
 When the journal already holds an earlier life of the run (a requeued job), it resumes: finished
 (task, sample) keys are not redone, the others run again as new attempts; a resumed service run
