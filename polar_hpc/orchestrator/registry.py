@@ -25,7 +25,7 @@ log = logging.getLogger("polar_hpc.orchestrator")
 
 
 class Registry:
-    def __init__(self, service: ServiceConfig, weight_version: str, static_urls: tuple[str, ...], engine_key: str,
+    def __init__(self, service: ServiceConfig, weight_version: str, static_urls: tuple[str, ...], engine_key: str | None,
                  journal: Journal, send: Callable[[bytes, wire.Message], None],
                  to_gateways: Callable[[wire.Message], None], peers: wire.Liveness) -> None:
         self.service, self.engine_key, self.journal = service, engine_key, journal
