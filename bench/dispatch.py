@@ -1,13 +1,17 @@
 """Dispatch throughput of the orchestrator: sessions per second through K gateways, null harness.
 
 Starts a real orchestrator (`polar-hpc orchestrator`, over CURVE as in a Slurm run) and K simulated
-gateways, each its own process, speaking the real protocol: Hello, Credit for `slots` INIT slots,
-and for every Assign the four stage updates (INIT, READY, RUN, POSTRUN), a Result and a Credit at
-once (the harness does nothing). The rate is measured from the orchestrator's own journal: N
-sessions divided by the time from the first `assigned` to the last `result`. Runs K = 4 and 64 in
-one go; the last line is a JSON list with one {"gateways", "sessions", "sessions_per_s"} per K.
+gateways spread over a few processes (`--procs`; each gateway its own DEALER socket and CURVE
+connection, so the orchestrator sees K peers), speaking the real protocol: Hello, Credit for
+`slots` slots, and for every Assign the four stage updates (INIT, READY, RUN, POSTRUN), a Result
+and a Credit at once (the harness does nothing). The rate is measured from the orchestrator's own
+journal: N sessions divided by the time from the first `assigned` to the last `result`. Also
+reported: the orchestrator's CPU time (user + system, from /proc) per 1,000 sessions over the
+whole run, and its peak RSS. The default runs K = 64 gateways x 4 slots, then the scale case,
+1,000 gateways x 64 slots (64,000 sessions in flight); the last line is a JSON list with one
+object per case.
 
-    uv run python bench/dispatch.py [--sessions 10000] [--gateways 4 64]
+    uv run python bench/dispatch.py [--cases 64x4:20000 1000x64:200000] [--procs 4]
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -25,80 +30,117 @@ import zmq
 from polar_hpc import procs, security, wire
 
 
-def gateway(run_dir: str, endpoint: str, name: str, slots: int) -> None:
-    sock = zmq.Context().socket(zmq.DEALER)
-    security.secure_client(sock, Path(run_dir), security.GATEWAY)
-    sock.connect(endpoint)
-    sock.send(wire.encode(wire.Hello(gateway_id=name, host="bench", slots=slots)))
-    sock.send(wire.encode(wire.Credit(n=slots)))
-    last_beat = 0.0
-    while True:
+def gateways(run_dir: str, endpoint: str, names: list[str], slots: int) -> None:
+    """Simulated gateways `names`, one DEALER each, served by one poll loop until Shutdown."""
+    ctx = zmq.Context()
+    poller = zmq.Poller()
+    socks = []
+    for name in names:
+        sock = ctx.socket(zmq.DEALER)
+        security.secure_client(sock, Path(run_dir), security.GATEWAY)
+        sock.connect(endpoint)
+        sock.send(wire.encode(wire.Hello(gateway_id=name, host="bench", slots=slots)))
+        sock.send(wire.encode(wire.Credit(n=slots)))
+        poller.register(sock, zmq.POLLIN)
+        socks.append((sock, name))
+    by_sock = dict(socks)
+    last_beat, live = 0.0, len(socks)
+    while live:
         if time.monotonic() - last_beat > 0.5:
-            sock.send(wire.encode(wire.Heartbeat(sender=name, t=time.time())))
+            for sock, name in socks:
+                sock.send(wire.encode(wire.Heartbeat(sender=name, t=time.time())))
             last_beat = time.monotonic()
-        if not sock.poll(200):
-            continue
-        msg = wire.decode(sock.recv())
-        if isinstance(msg, wire.Shutdown):
-            return
-        if isinstance(msg, wire.Assign):
-            sid = msg.session.session_id
-            for state in ("INIT", "READY", "RUN", "POSTRUN"):
-                sock.send(wire.encode(wire.SessionUpdate(session_id=sid, state=state, t=time.time())))
-            sock.send(wire.encode(wire.Result(session_id=sid, status="completed", reward=1.0, n_calls=0,
-                                              n_traces=0, n_tokens=0, shard=f"{name}-000001.shard")))
-            sock.send(wire.encode(wire.Credit(n=1)))
+        for sock, _ in poller.poll(200):
+            while True:
+                try:
+                    msg = wire.decode(sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                if isinstance(msg, wire.Shutdown):
+                    poller.unregister(sock)
+                    live -= 1
+                    break
+                if isinstance(msg, wire.Assign):
+                    _run(sock, by_sock[sock], msg.session.session_id)
+    ctx.destroy(linger=0)
 
 
-def measure(k: int, sessions: int, slots: int) -> dict:
+def _run(sock: zmq.Socket, name: str, sid: str) -> None:
+    for state in ("INIT", "READY", "RUN", "POSTRUN"):
+        sock.send(wire.encode(wire.SessionUpdate(session_id=sid, state=state, t=time.time())))
+    sock.send(wire.encode(wire.Result(session_id=sid, status="completed", reward=1.0, n_calls=0, n_traces=0,
+                                      n_tokens=0, shard=f"{name}-000001.shard")))
+    sock.send(wire.encode(wire.Credit(n=1)))
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure(k: int, slots: int, sessions: int, n_procs: int) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix=f"polar-bench-dispatch-{k}-"))
-    task = {"id": "null", "instruction": "-", "num_samples": sessions, "harness": {"command": "true"}}
-    (run_dir / "tasks.jsonl").write_text(json.dumps(task) + "\n")
-    (run_dir / "topology.yaml").write_text("gateway:\n  heartbeat_s: 0.5\n  peer_timeout_s: 30\n")
+    tasks = [{"id": f"null{i}", "instruction": "-", "num_samples": min(10_000, sessions - i),  # the most a task takes
+              "harness": {"command": "true"}} for i in range(0, sessions, 10_000)]
+    (run_dir / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    (run_dir / "topology.yaml").write_text("gateway:\n  heartbeat_s: 0.5\n  peer_timeout_s: 60\n")
     security.create_keys(run_dir)
     orch = procs.spawn("orchestrator", ["orchestrator", "--run-dir", str(run_dir)], run_dir / "orchestrator.log")
-    endpoint = procs.wait_ready(orch, run_dir / "rendezvous.json")["endpoint"]
+    endpoint = procs.wait_ready(orch, run_dir / "rendezvous.json", timeout_s=120)["endpoint"]
     mp = multiprocessing.get_context("spawn")
-    gateways = [mp.Process(target=gateway, args=(str(run_dir), endpoint, f"g{i}", slots)) for i in range(k)]
-    for g in gateways:
-        g.start()
+    names = [f"g{i}" for i in range(k)]
+    workers = [mp.Process(target=gateways, args=(str(run_dir), endpoint, names[i::n_procs], slots))
+               for i in range(min(n_procs, k))]
+    for w in workers:
+        w.start()
     client = zmq.Context.instance().socket(zmq.DEALER)
     security.secure_client(client, run_dir, security.ADMIN)
     client.connect(endpoint)
     try:
         while True:
             client.send(wire.encode(wire.StatusRequest()))
-            if not client.poll(30000):
+            if not client.poll(60000):
                 raise SystemExit(f"orchestrator stopped answering:\n{orch.tail()}")
             if wire.decode(client.recv()).done:
                 break
-            time.sleep(0.2)
+            time.sleep(0.5)
+        cpu_s, rss_mb = _cpu_s(orch.proc.pid), _peak_rss_mb(orch.proc.pid)
         client.send(wire.encode(wire.Shutdown(reason="bench done")))
-        orch.proc.wait(30)
+        orch.proc.wait(60)
     finally:
         procs.stop([orch])
         deadline = time.monotonic() + 10
-        for g in gateways:  # they exit on the orchestrator's Shutdown
-            g.join(max(0.0, deadline - time.monotonic()))
-            g.kill()
-            g.join()
+        for w in workers:  # they exit on the orchestrator's Shutdown
+            w.join(max(0.0, deadline - time.monotonic()))
+            w.kill()
+            w.join()
     events = [json.loads(x) for x in (run_dir / "journal" / "orchestrator.jsonl").read_text().splitlines()]
     first = min(e["t"] for e in events if e["event"] == "assigned")
     last = max(e["t"] for e in events if e["event"] == "result")
     done = sum(e["event"] == "result" for e in events)
-    return {"gateways": k, "sessions": done, "sessions_per_s": round(done / (last - first), 1)}
+    return {"gateways": k, "slots": slots, "sessions": done, "sessions_per_s": round(done / (last - first), 1),
+            "orchestrator_cpu_s_per_1000": round(cpu_s / done * 1000, 3), "orchestrator_peak_rss_mb": round(rss_mb, 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=10000)
-    parser.add_argument("--gateways", type=int, nargs="+", default=[4, 64])
-    parser.add_argument("--slots", type=int, default=4, help="INIT credits per gateway")
+    parser.add_argument("--cases", nargs="+", default=["64x4:20000", "1000x64:200000"],
+                        help="GATEWAYSxSLOTS:SESSIONS, one run each")
+    parser.add_argument("--procs", type=int, default=4, help="processes the simulated gateways share")
     args = parser.parse_args()
     figures = []
-    for k in args.gateways:
-        figures.append(measure(k, args.sessions, args.slots))
-        print(f"{k} gateways: {figures[-1]['sessions_per_s']} sessions/s", file=sys.stderr, flush=True)
+    for case in args.cases:
+        shape, sessions = case.split(":")
+        k, slots = shape.split("x")
+        figures.append(measure(int(k), int(slots), int(sessions), args.procs))
+        print(json.dumps(figures[-1]), file=sys.stderr, flush=True)
     print(json.dumps(figures))
 
 

@@ -1,5 +1,9 @@
 """Child processes of polar-hpc: start them with a log file, wait until they are ready, stop them.
 
+A child says it is ready by writing a ready file (`write_ready`: JSON, mode 0600, written to a
+temporary name and renamed into place, so a reader never sees it half written); its parent polls
+for it (`wait_ready`).
+
 Every child runs `python -m polar_hpc ...` with this interpreter (or, with `spawn_command`, any
 command such as SGLang's server), in its own process group, and
 gets SIGTERM if its parent dies (PR_SET_PDEATHSIG), so no process outlives the one that started it.
@@ -65,6 +69,16 @@ def spawn_command(name: str, argv: list[str], log: Path, env: dict[str, str] | N
             preexec_fn=_die_with_parent,
         )
     return Child(name, proc, log)
+
+
+def write_ready(path: Path, info: dict) -> None:
+    """Write `info` to the ready file `path` at once (tmp + os.replace), readable by this user only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
 
 
 def wait_ready(child: Child, ready_file: Path, timeout_s: float = 60.0) -> dict:

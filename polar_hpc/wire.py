@@ -26,10 +26,12 @@ message drops its sender's connection before it is buffered. The proxy link (ipc
 has no such bound: a call record is as large as the call the proxy accepted.
 
 Both ends of a link send Heartbeat every `heartbeat_s`; `Liveness` tells when a peer has gone silent.
+A weight version's number (`version_number`: "v12" and "12" are 12) orders the versions messages carry.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, Union
@@ -388,3 +390,12 @@ class Liveness:
         """Peers silent for longer than the timeout (each reported until forgotten)."""
         now = time.monotonic()
         return [p for p, t in self._last.items() if now - t > self.timeout_s]
+
+
+_TRAILING_INT = re.compile(r"(\d+)$")
+
+
+def version_number(version: str) -> int | None:
+    """A weight version's trailing integer ("v12" and "12" are 12); None when it has none."""
+    m = _TRAILING_INT.search(version)
+    return int(m[1]) if m else None

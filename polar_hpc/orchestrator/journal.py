@@ -1,6 +1,9 @@
 """Append-only journal of session state changes: `<run>/journal/orchestrator.jsonl`.
 
-One JSON object per line, flushed as it is written: {"t", "event", "session", ...}. It is the record
+One JSON object per line: {"t", "event", "session", ...}. Lines wait in memory while the
+orchestrator handles one batch of messages and are written (`flush`, one write to the OS) before
+any message leaves it: whatever a peer was told is in the file first, so a crash of the process
+loses nothing acknowledged. It is the record
 a requeued job resumes from and the audit trail of every attempt. Events: queued, gateway_up,
 assigned, state, result, gateway_lost, requeued. There is at most one `result` per (task, sample):
 `{"event": "result", "session", "task", "sample", "attempt", "status", "reward", "shard"}` names the
@@ -31,8 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from polar_hpc.shards.reader import read_shard, shard_files
 from polar_hpc.shards.writer import ShardWriter
+
+_encode = msgspec.json.Encoder().encode  # one compact JSON object (UTF-8) per line
 
 ADOPTABLE = ("completed", "error", "timeout")  # `cancelled` in a shard is an attempt cut short
 
@@ -42,19 +49,26 @@ class Journal:
         path = _path(run_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         cut = path.exists() and path.stat().st_size > 0 and _last_byte(path) != b"\n"
-        self._file = open(path, "a", buffering=1)
-        if cut:  # a line a crash cut short stays alone on its line
-            self._file.write("\n")
+        self._file = open(path, "ab")
+        self._lines: list[bytes] = [b"\n"] if cut else []  # a line a crash cut short stays alone on its line
 
     def write(self, event: str, **fields: Any) -> None:
-        self._file.write(json.dumps({"t": round(time.time(), 6), "event": event, **fields}) + "\n")
+        self._lines.append(_encode({"t": round(time.time(), 6), "event": event, **fields}) + b"\n")
 
     def write_many(self, event: str, rows: Iterable[dict[str, Any]]) -> None:
-        """One event per row, in one write (a whole task file queued at start)."""
+        """One event per row (a whole task file queued at start)."""
         t = round(time.time(), 6)
-        self._file.write("".join(json.dumps({"t": t, "event": event, **fields}) + "\n" for fields in rows))
+        self._lines.extend(_encode({"t": t, "event": event, **fields}) + b"\n" for fields in rows)
+
+    def flush(self) -> None:
+        """Hand every line written so far to the OS, in one write."""
+        if self._lines:
+            self._file.write(b"".join(self._lines))
+            self._file.flush()
+            self._lines.clear()
 
     def close(self) -> None:
+        self.flush()
         self._file.close()
 
 
@@ -162,7 +176,7 @@ def _events(run_dir: Path) -> list[dict]:
 def read_jsonl(path: Path) -> list[dict]:
     """Every whole JSON object of a JSON-lines log (a line cut short by a crash is skipped)."""
     events = []
-    for line in path.read_text().splitlines() if path.exists() else []:
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if path.exists() else []:
         try:
             event = json.loads(line)
         except ValueError:

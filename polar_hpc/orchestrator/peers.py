@@ -22,7 +22,7 @@ _REMEMBERED = 10_000  # peers whose refusals are counted; beyond, the count star
 
 @dataclass(frozen=True)
 class Route:
-    handler: Callable  # (orchestrator, identity, message) -> None
+    handler: Callable  # (orchestrator, identity, message) -> the answer to send, or None
     roles: frozenset[str]
     service: bool = False  # only a service run takes it
     answered: bool = False  # the sender waits for one answer

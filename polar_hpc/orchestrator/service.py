@@ -34,7 +34,8 @@ class Batches:
 
     def add(self, batch_id: str, task_ids: Iterable[str], max_staleness: int | None = None) -> tuple[list[str], list[str]]:
         """Record a batch; returns (ids new to the run, ids it already had)."""
-        added, known = [], []
+        added: list[str] = []
+        known: list[str] = []
         for tid in task_ids:
             (known if tid in self.batch_of else added).append(tid)
         if added:

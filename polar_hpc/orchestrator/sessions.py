@@ -3,6 +3,8 @@
 Sessions wait in a FIFO queue until a gateway with credit takes them. A session whose gateway is
 lost goes back to the front of the queue with its attempt number raised. In service mode tasks are
 added while the run goes (`add`) and queued sessions can be cancelled (`cancel_queued`). Pure bookkeeping: no I/O.
+Every change of state goes through the table, which keeps the counts `status` answers with (sessions
+by state, rewards, tokens) as it goes, so a status costs the same for ten sessions or a million.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ class Session:
 class SessionTable:
     sessions: dict[str, Session] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)
+    _dumped: dict[str, dict] = field(default_factory=dict)  # task id -> the task as SessionSpec carries it
+    states: Counter = field(default_factory=Counter)  # state -> sessions in it
+    _rewards: list[float] = field(default_factory=lambda: [0.0, 0])  # sum and count of the rewards
+    _tokens: int = 0
 
     @classmethod
     def from_tasks(cls, tasks: list[Task], done: dict | None = None, attempts: dict | None = None) -> "SessionTable":
@@ -48,13 +54,14 @@ class SessionTable:
                 s = Session(task, i, attempts[key] + 1 if key in attempts else 0)
                 if key in done:
                     s = Session(task, i, done[key]["attempt"], done[key]["status"])
-                    s.result = wire.Result(
+                    table._ended(s, wire.Result(
                         session_id=s.session_id, status=s.state, reward=done[key].get("reward"), n_calls=0,
                         n_traces=0, n_tokens=done[key].get("n_tokens", 0), shard=done[key].get("shard", ""),
-                    )
+                    ))
                 else:
                     table.queue.append(s)
                 table.sessions[s.session_id] = s
+                table.states[s.state] += 1
         return table
 
     def add(self, task: Task) -> list[Session]:
@@ -63,6 +70,7 @@ class SessionTable:
         for s in added:
             self.sessions[s.session_id] = s
             self.queue.append(s)
+        self.states["queued"] += len(added)
         return added
 
     def cancel_queued(self, session_id: str) -> Session | None:
@@ -71,7 +79,7 @@ class SessionTable:
         if s is None or s.state != "queued":
             return None
         self.queue.remove(s)
-        s.state = "cancelled"
+        self._move(s, "cancelled")
         return s
 
     def take(self, gateway: bytes) -> wire.SessionSpec | None:
@@ -79,10 +87,14 @@ class SessionTable:
         if not self.queue:
             return None
         s = self.queue.popleft()
-        s.state, s.gateway = "assigned", gateway
+        self._move(s, "assigned")
+        s.gateway = gateway
+        task = self._dumped.get(s.task.id)
+        if task is None:  # once per task, not per session
+            task = self._dumped[s.task.id] = s.task.model_dump(mode="json")
         return wire.SessionSpec(
             session_id=s.session_id,
-            task=s.task.model_dump(mode="json"),
+            task=task,
             sample_index=s.sample_index,
             attempt=s.attempt,
             deadline=time.time() + s.task.timeout_s,
@@ -91,36 +103,51 @@ class SessionTable:
     def update(self, session_id: str, state: str) -> Session | None:
         s = self.sessions.get(session_id)
         if s is not None and s.state not in FINAL:
-            s.state = state
+            self._move(s, state)
         return s
 
     def finish(self, result: wire.Result) -> Session | None:
         s = self.sessions.get(result.session_id)
         if s is None or s.state in FINAL:
             return None
-        s.state, s.result = result.status, result
+        self._move(s, result.status)
+        self._ended(s, result)
         return s
 
     def requeue(self, session_id: str) -> Session:
         """A lost gateway's session starts again, as a new attempt, ahead of the queue."""
         old = self.sessions.pop(session_id)
+        self.states[old.state] -= 1
         s = Session(old.task, old.sample_index, old.attempt + 1)
         self.sessions[s.session_id] = s
+        self.states[s.state] += 1
         self.queue.appendleft(s)
         return s
 
     def status(self, gateways: int, members: list | None = None, rate: float = 0.0) -> wire.StatusReply:
-        states = Counter(s.state for s in self.sessions.values())
+        states = {state: n for state, n in self.states.items() if n}
         left = sum(n for state, n in states.items() if state not in FINAL)
-        rewards = [s.result.reward for s in self.sessions.values() if s.result and s.result.reward is not None]
+        total, count = self._rewards
         return wire.StatusReply(
-            states=dict(states),
+            states=states,
             total=len(self.sessions),
-            done=all(s.state in FINAL for s in self.sessions.values()),
+            done=left == 0,
             gateways=gateways,
-            mean_reward=sum(rewards) / len(rewards) if rewards else None,
-            tokens=sum(s.result.n_tokens for s in self.sessions.values() if s.result),
+            mean_reward=total / count if count else None,
+            tokens=self._tokens,
             members=members or [],
             sessions_per_s=rate,
             eta_s=left / rate if rate > 0 else None,
         )
+
+    def _move(self, s: Session, state: str) -> None:
+        self.states[s.state] -= 1
+        self.states[state] += 1
+        s.state = state
+
+    def _ended(self, s: Session, result: wire.Result) -> None:
+        s.result = result
+        self._tokens += result.n_tokens
+        if result.reward is not None:
+            self._rewards[0] += result.reward
+            self._rewards[1] += 1

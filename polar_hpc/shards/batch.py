@@ -13,15 +13,13 @@ right-padded to the longest row (or `max_len`, which a longer row exceeds with V
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
 from polar_hpc.trajectory.model import Trajectory
-
-_TRAILING_INT = re.compile(r"(\d+)$")
+from polar_hpc.wire import version_number
 
 
 @dataclass(frozen=True)
@@ -55,12 +53,6 @@ class Filter:
                     if number is None or not _within(number, *self.weight_versions):
                         return False
         return True
-
-
-def version_number(version: str) -> int | None:
-    """A weight version's trailing integer ("v12" and "12" are 12); None when it has none."""
-    m = _TRAILING_INT.search(version)
-    return int(m[1]) if m else None
 
 
 def _within(x: float, low: float | None, high: float | None) -> bool:
