@@ -1,33 +1,37 @@
 """What the tiny model is taught: the calculator example's conversation (examples/calculator).
 
 `lessons()` are (messages, tools, reply) triples: the conversation so far as the agent sends it
-(its system prompt, its one `calculator` tool, the task's question, then its own earlier turns)
-and the reply to teach, ending with the end token: first a short `<think>` and a calculator call
+(its system prompt and its one `calculator` tool, read from examples/calculator/agent.py in the
+checkout, the task's question, then its own earlier turns) and the reply to teach, ending with the
+end token: first a short `<think>` and a calculator call
 with the expression, then, given the tool's result, a short `<think>` and the answer.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
-SYSTEM = "You are a careful assistant. Use the calculator for arithmetic."
+AGENT = Path(__file__).resolve().parents[3] / "examples" / "calculator" / "agent.py"
 QUESTION = "What is 17 * 23 + 4?"
 EXPRESSION = "17 * 23 + 4"
 RESULT = "395"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression with + - * / ** and parentheses.",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    }
-]
+
+
+def _agent_literals() -> tuple[str, list[dict]]:
+    """The agent's system prompt and tools, read from its source (a checkout's), never copied."""
+    tree = ast.parse(AGENT.read_text(encoding="utf-8"))
+    tools = next(ast.literal_eval(n.value) for n in ast.walk(tree)
+                 if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "TOOLS" for t in n.targets))
+    system = next(d for d in (ast.literal_eval(n) for n in ast.walk(tree) if isinstance(n, ast.Dict)
+                              and all(isinstance(k, ast.Constant) for k in n.keys)
+                              and all(isinstance(v, ast.Constant) for v in n.values))
+                  if d.get("role") == "system")
+    return system["content"], tools
+
+
+SYSTEM, TOOLS = _agent_literals()
 END = "<|im_end|>"
 CALL_REASONING = "I will use the calculator."
 ANSWER_REASONING = "The calculator says 395."
