@@ -13,7 +13,6 @@ embeddings), trained from a fixed seed with Adam on torch's one thread, then sha
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -22,13 +21,13 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: 2 busy cores oversubscribe
 
-import torch  # noqa: E402
-from tokenizers import Tokenizer  # noqa: E402
-from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-from polar_hpc.engines.tiny.conversation import lessons  # noqa: E402
-from polar_hpc.engines.tiny.template import CHAT_TEMPLATE  # noqa: E402
-from polar_hpc.engines.tiny.tokenizer import write_tokenizer  # noqa: E402
+from polar_hpc.engines.tiny.conversation import lessons
+from polar_hpc.engines.tiny.template import CHAT_TEMPLATE
+from polar_hpc.engines.tiny.tokenizer import write_tokenizer
 
 THINK_TOKENS = ["<think>", "</think>"]
 SEED = 0

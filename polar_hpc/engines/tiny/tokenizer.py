@@ -13,6 +13,7 @@ Needs only `tokenizers`, not torch.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, normalizers, pre_tokenizers
@@ -24,7 +25,7 @@ QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
-def write_tokenizer(out: Path, chat_template: str, added: list[str] = (), special: list[str] = (),
+def write_tokenizer(out: Path, chat_template: str, added: Sequence[str] = (), special: Sequence[str] = (),
                     eos: str = "<|im_end|>") -> None:
     tokenizer = Tokenizer.from_file(str(SOURCE / "tokenizer.json"))
     tokenizer.normalizer = normalizers.NFC()
