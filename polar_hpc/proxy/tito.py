@@ -18,8 +18,11 @@ Drift-free history: `Chains` (one per session) keeps, for each chain of calls, t
 through the last sampled reply and its exact ids (prompt + sampled). When a call re-sends that
 conversation (same messages, tools and template rendering) and adds to it, its prompt is the
 chain's ids followed by the tokens of what was added (the template's text after the reply's end
-token), never a re-tokenization of the reply. Otherwise a new chain starts; `meta` says which
-chain a call extends, or why it starts a new one.
+token), never a re-tokenization of the reply, provided the template renders that history as it was:
+the chain's prompt text still starts the rendering and the reply renders as the text sampled (a
+template that rewrites the past, as Qwen3's drops earlier queries' reasoning, starts a new chain),
+so a prompt's text is always the template's rendering. Otherwise a new chain starts; `meta` says
+which chain a call extends, or why it starts a new one.
 """
 
 from __future__ import annotations
@@ -189,6 +192,7 @@ class _Chain:
     keys: list[tuple]  # their `message_key`s
     tools: list[dict] | None
     ids: list[int]  # prompt + sampled ids of the chain's last call
+    sampled: int  # how many of `ids` its last call sampled
     prompt_text: str  # the rendered prompt of the chain's last call
 
 
@@ -240,6 +244,8 @@ class Chains:
         at = full.find(end, len(before)) if full.startswith(before) else -1
         if at < 0:
             return None, f"template renders chain {chain.number}'s history differently"
+        if full[len(before):at + len(end)] != r.tokenizer.decode(chain.ids[-chain.sampled:]):
+            return None, f"template renders chain {chain.number}'s last reply differently"
         return full[at + len(end):], ""
 
     def record(self, prompt: _Prompt, call: Call, outcome: Outcome) -> int:
@@ -251,7 +257,7 @@ class Chains:
         else:
             number = prompt.chain.number
         chain = _Chain(number, messages, keys, call.tools, outcome.prompt_ids + outcome.output_ids,
-                       prompt.text)
+                       len(outcome.output_ids), prompt.text)
         # A chain is replaced whole, never changed, as `prompt` may read it in another thread.
         at = next((i for i, c in enumerate(self._chains) if c.number == number), None)
         if at is None:

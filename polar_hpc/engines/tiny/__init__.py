@@ -1,0 +1,3 @@
+"""The tiny real model the vLLM tests and the calculator example serve (`build.py` builds it:
+`python -m polar_hpc.engines.tiny OUT_DIR`); `template.py` is its Qwen3-style chat template,
+`conversation.py` what it is taught."""
