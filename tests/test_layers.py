@@ -3,7 +3,8 @@ import` in polar_hpc, at module level or inside a function, relative or absolute
 room (a top-level module or package of polar_hpc) in its own layer or below, and no rooms import
 each other round in a cycle. A room no layer names fails too: a new room is placed on purpose.
 The scripted engine (`engines.scripted`, a test and demo engine) is a room of its own at the top:
-it may build on the proxy's tool parsers, and only the CLI starts it; no production room imports it."""
+it may build on the proxy's tool parsers, and only the CLI starts it; no production room imports it.
+So is `engines.tiny`, the builder of the tiny test model (it starts from the scripted tokenizer)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ LAYERS = [
     {"gateway"},
     {"orchestrator", "observe"},
     {"launch"},
-    {"client", "cli", "__main__", "engines.scripted"},
+    {"client", "cli", "__main__", "engines.scripted", "engines.tiny"},
 ]
 
 

@@ -1,8 +1,7 @@
 """What the proxy asks of an engine and gets back, in one form whatever the engine kind.
 
-`client(kind)` is the one lookup of `engine.kind` (scripted, sglang, vllm) -> that kind's client
-module (`engines/<kind>/client.py`; the scripted engine speaks SGLang's routes). Every client
-module has:
+`engines.kinds.get(kind).client` is that engine kind's client module (`engines/<kind>/client.py`;
+the scripted engine speaks SGLang's routes). Every client module has:
 - `generate(ids, sampling, stream, rid) -> (path, body)`: the request that samples a reply to the
   prompt `ids` (tito), with the `Sampling` asked, streamed or not, the engine's logprob of each
   sampled token and the sampled ids returned, special tokens left out of the text.
@@ -20,7 +19,6 @@ A malformed answer (a capture field missing, ids and logprobs of different lengt
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import msgspec
@@ -86,12 +84,3 @@ def chat_sampled(answer: dict, choice: dict, prompt_ids: Any, ids: Any, version:
         token_texts=[str(e.get("token", "")) for e in entries],
     ))
 
-
-def client(kind: str) -> ModuleType:
-    from polar_hpc.engines.sglang import client as sglang
-    from polar_hpc.engines.vllm import client as vllm
-
-    clients = {"scripted": sglang, "sglang": sglang, "vllm": vllm}
-    if kind not in clients:
-        raise ValueError(f"engine kind {kind!r} is not known (known: {', '.join(clients)})")
-    return clients[kind]

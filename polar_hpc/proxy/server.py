@@ -40,9 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
-import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -54,9 +52,9 @@ import uvloop
 import zmq.asyncio
 from aiohttp import ClientError, web
 
-from polar_hpc import wire
+from polar_hpc import procs, wire
 from polar_hpc.config import ConfigError
-from polar_hpc.engines import capture
+from polar_hpc.engines import kinds
 from polar_hpc.proxy import aborted, anthropic, openai_responses
 from polar_hpc.proxy import openai_chat as oc
 from polar_hpc.proxy.calls import BIG, BadRequest, ToolCall, assistant_message, offload, release_memory
@@ -91,7 +89,7 @@ class ProxyOptions:
     strict_model: bool = False
     max_body: int = 32 << 20  # bytes of a request body; larger ones get 413
     engine_wait_s: float = 30.0  # how long a call waits for an engine while none is registered
-    engine_kind: str = "scripted"  # engine.kind: which engines.capture client speaks to the engines
+    engine_kind: str = "scripted"  # engine.kind: which engines.kinds client speaks to the engines
 
 
 def serve(opts: ProxyOptions) -> None:
@@ -354,16 +352,10 @@ def _unauthorized(api) -> web.Response:
     return _json(401, api.error_body(401, message, "authentication"))
 
 
-def _write_ready(path: Path, url: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"url": url}))
-    os.replace(tmp, path)
-
-
 def _capture_mode(opts: ProxyOptions, router: Router):
     try:
-        engine = capture.client(opts.engine_kind)
-    except ValueError as e:
+        engine = kinds.get(opts.engine_kind).client
+    except ConfigError as e:
         raise ConfigError(f"proxy: {e}") from None
     if opts.mode == "passthrough":
         return Passthrough(router, opts.model, engine)
@@ -399,7 +391,7 @@ async def _run(opts: ProxyOptions) -> None:
     for task in tasks:
         task.add_done_callback(lambda t: _stop_on_end(t, stop))
     if opts.ready_file is not None:
-        _write_ready(Path(opts.ready_file), url)
+        procs.write_ready(Path(opts.ready_file), {"url": url})
     log.info("serving %s (gateway %s, engines %s, %s mode)", url, opts.gateway,
              ", ".join(router.urls), opts.mode)
     try:

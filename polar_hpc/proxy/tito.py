@@ -269,7 +269,7 @@ class Chains:
 
 
 class Tito:
-    """`engine` is the engine kind's client module (`engines.capture.client`). `renderer` may be
+    """`engine` is the engine kind's client module (`engines.kinds.get(kind).client`). `renderer` may be
     None: the engine's tokenizer folder and context length are then looked up (`model_facts`) by
     `warm()` (at start) or by the first call."""
 

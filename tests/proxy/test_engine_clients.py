@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from polar_hpc.engines import capture
-from polar_hpc.engines.capture import BadAnswer, Sampling
+from polar_hpc.config import ConfigError
+from polar_hpc.engines import kinds
+from polar_hpc.engines.capture import BadAnswer, Sampled, Sampling
 
-SGLANG, VLLM = capture.client("sglang"), capture.client("vllm")
+SGLANG, VLLM = kinds.get("sglang").client, kinds.get("vllm").client
 IDS, LOGPROBS, TEXTS = [5, 7, 2], [-0.5, -1.25, -0.125], ["a", "bc", ""]
 
 
@@ -32,7 +33,7 @@ def _vllm_events(cuts: list[int]) -> list[dict]:
     return [*events, {"id": "cmpl-r", "choices": [], "usage": {"prompt_tokens": 2}}]
 
 
-def _read(client, events: list[dict]) -> tuple[str, capture.Sampled]:
+def _read(client, events: list[dict]) -> tuple[str, Sampled]:
     g = client.Generation()
     text = "".join(g.feed(e) for e in events)
     return text, g.result()
@@ -94,5 +95,5 @@ def test_an_abort_is_reported_as_such() -> None:
     assert _read(VLLM, [event])[1].finish == "abort"
     meta = {"output_token_logprobs": [], "finish_reason": {"type": "abort", "message": "update"}}
     assert _read(SGLANG, [{"text": "", "meta_info": meta}])[1].message == "update"
-    with pytest.raises(ValueError, match="not known"):
-        capture.client("tgi")
+    with pytest.raises(ConfigError, match="not known"):
+        kinds.get("tgi")

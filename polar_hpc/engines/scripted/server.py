@@ -16,7 +16,6 @@ returns after SIGTERM/SIGINT. A bad rules file raises ConfigError before anythin
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
+from polar_hpc import procs
 from polar_hpc.config import SCRIPTED_CONTEXT
 from polar_hpc.engines.scripted.chat_format import ChatFormat
 from polar_hpc.engines.scripted.policy import Policy
@@ -89,7 +89,7 @@ async def _serve(options: ScriptedOptions, app: web.Application) -> None:
         await web.TCPSite(runner, options.host, options.port).start()
         url = f"http://{options.host}:{runner.addresses[0][1]}"
         if options.ready_file is not None:
-            _write_atomically(Path(options.ready_file), json.dumps({"url": url}) + "\n")
+            procs.write_ready(Path(options.ready_file), {"url": url})
         print(f"scripted engine listening on {url}", file=sys.stderr, flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -98,13 +98,6 @@ async def _serve(options: ScriptedOptions, app: web.Application) -> None:
         await stop.wait()
     finally:
         await runner.cleanup()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 async def health(request: web.Request) -> web.Response:
