@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from proxy.helpers import MODEL
+from vllm import model
 from vllm.model import model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +34,8 @@ START_S = 600  # to healthy; ~50 s on an idle machine, minutes on a busy one
 
 
 def vllm_python() -> Path | None:
-    python = Path(os.environ.get("POLAR_VLLM_PYTHON") or ROOT / ".ci" / "vllm-venv" / "bin" / "python")
+    """The vLLM venv's Python; a skip without one, a failure where POLAR_REQUIRE_VLLM=1."""
+    python = model.vllm_python()
     if python.exists():
         return python
     if os.environ.get("POLAR_REQUIRE_VLLM") == "1":
@@ -66,18 +68,20 @@ class Vllm:
                 self.proc.wait()
 
 
-def start_vllm(tmp: Path, name: str = "vllm") -> Vllm:
+def start_vllm(tmp: Path, name: str = "vllm", weights: Path | None = None) -> Vllm:
+    """A vLLM serving the tiny model, or the checkpoint folder `weights` (its tokenizer and template)."""
     python = vllm_python()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, VLLM_CACHE_ROOT=str(tmp / "cache"), VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_CI_ENV="1",
                VLLM_SERVER_DEV_MODE="1", OMP_NUM_THREADS="1")
-    args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir()),
+    folder = weights or model_dir()
+    args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS]
     proc = subprocess.Popen(args, env=env, stdout=open(tmp / f"{name}.log", "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
-    server = Vllm(f"http://127.0.0.1:{port}", MODEL, model_dir(), proc)
+    server = Vllm(f"http://127.0.0.1:{port}", MODEL, folder, proc)
     deadline = time.monotonic() + START_S
     while True:
         if proc.poll() is not None:

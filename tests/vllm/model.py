@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
+import shutil
+import struct
 import subprocess
 from pathlib import Path
+
+import numpy as np
 
 from polar_hpc.engines.scripted.build_tokenizer import ASSET_DIR
 from polar_hpc.engines.tiny.conversation import AGENT
@@ -54,3 +59,21 @@ def model_dir() -> Path:
         if not out.is_dir():  # another session may have built it meanwhile
             build(out)
     return out
+
+
+def perturbed(src: Path, dst: Path, scale: float = 0.05) -> Path:
+    """A copy of the checkpoint folder with every float32 tensor nudged by normal noise of `scale`
+    (deterministically): other greedy output, the same tokenizer and template."""
+    shutil.copytree(src, dst)
+    rng = np.random.default_rng(0)
+    for path in dst.glob("*.safetensors"):
+        raw = path.read_bytes()
+        n = struct.unpack("<Q", raw[:8])[0]
+        header, data = json.loads(raw[8:8 + n]), bytearray(raw[8 + n:])
+        for name, entry in header.items():
+            if name != "__metadata__" and entry["dtype"] == "F32":
+                start, end = entry["data_offsets"]
+                values = np.frombuffer(bytes(data[start:end]), dtype="<f4")
+                data[start:end] = (values + rng.normal(0, scale, values.shape).astype("<f4")).tobytes()
+        path.write_bytes(raw[:8 + n] + bytes(data))
+    return dst

