@@ -107,6 +107,7 @@ class Renderer:
         self.eos_ids = frozenset(i for i in eos if isinstance(i, int))
         self._rendered = _Lru(RENDER_CACHE, CACHE_BYTES)
         self._encoded = _Lru(ENCODE_CACHE, CACHE_BYTES)
+        self._token_text = functools.lru_cache(maxsize=1 << 16)(self._decode_one)  # per instance
 
     def text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
         key = msgspec.json.encode((messages, tools, generation))  # all the template sees, exactly
@@ -148,8 +149,10 @@ class Renderer:
         # the time), and with the GIL released, so the event loop runs while a big text is cut.
         return tuple(self._fast.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
-    @functools.lru_cache(maxsize=1 << 16)
     def token_text(self, token_id: int) -> str:
+        return self._token_text(token_id)
+
+    def _decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
 

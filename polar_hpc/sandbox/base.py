@@ -336,8 +336,8 @@ def _environ(pid: int) -> bytes:
 def _disk_usage(root: Path) -> int:
     """Bytes allocated under `root` (symlinks not followed)."""
     total = 0
-    for folder, dirs, files in os.walk(root):
-        for name in files + dirs:
+    for folder, dirs, names in os.walk(root):
+        for name in names + dirs:
             try:
                 total += os.lstat(os.path.join(folder, name)).st_blocks * 512
             except OSError:
