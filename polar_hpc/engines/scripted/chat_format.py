@@ -64,7 +64,9 @@ class ChatFormat:
         added = self._added.get(token_id)
         if added is not None:
             return added.content.encode()
-        return bytes(self._bytes[c] for c in self.tokenizer.id_to_token(token_id))
+        token = self.tokenizer.id_to_token(token_id)
+        assert token is not None, f"token {token_id} is not in the vocabulary"  # ids come from it
+        return bytes(self._bytes[c] for c in token)
 
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
