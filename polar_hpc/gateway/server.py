@@ -57,7 +57,7 @@ class ProxyChannel(ProxyLink):
 
     def __init__(self, sock: zmq.asyncio.Socket, http_socket: Path) -> None:
         self.sock = sock
-        self.socket = http_socket
+        self.socket: Path = http_socket  # always set: the proxy gets one
         self.link_id = secrets.token_hex(16)  # the proxy's routing id: given to it alone
         self.identity: bytes | None = None
         self.url = ""
