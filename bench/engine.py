@@ -113,8 +113,8 @@ def figures(rounds: list[dict[str, dict]]) -> dict[str, float]:
 
     out = {f"{name}_p50_ms": median(lambda r, name=name: p50(r, name)) for name in rounds[0]}
     for name, direct in PAIRS.items():
-        out[f"{name}_ratio"] = median(lambda r: p50(r, name) / p50(r, direct))
-        out[f"{name}_tokens_per_s"] = median(lambda r: r[name]["tokens"] / r[name]["wall"])
+        out[f"{name}_ratio"] = median(lambda r, name=name, direct=direct: p50(r, name) / p50(r, direct))
+        out[f"{name}_tokens_per_s"] = median(lambda r, name=name: r[name]["tokens"] / r[name]["wall"])
     return out
 
 

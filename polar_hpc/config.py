@@ -413,7 +413,7 @@ def _resolve_files(task: Task, path: Path, line_of: Callable, prefix: tuple) -> 
             problems.append(f"{path}:{line}: sandbox.files: {e}")
     update: dict[str, Any] = {"sandbox": task.sandbox.model_copy(update={"files": files})}
     for name, part in (("evaluator", task.evaluator), ("solution", task.solution)):
-        if getattr(part, "dir", None) is not None:
+        if isinstance(part, (TestsEvaluator, TaskSolution)) and part.dir is not None:
             try:
                 update[name] = part.model_copy(update={"dir": _source(base, folder, name, part.dir)})
             except ValueError as e:

@@ -125,7 +125,9 @@ class Pipeline:
         try:
             await self._before_postrun(spec, task, sandbox, holding, outcome)
         except asyncio.CancelledError:
-            asyncio.current_task().uncancel()  # cancelled sessions still write what they captured
+            current = asyncio.current_task()
+            assert current is not None  # a session runs as a task
+            current.uncancel()  # cancelled sessions still write what they captured
             outcome.status = "cancelled"
         finally:
             for stage in holding:
@@ -220,8 +222,9 @@ class Pipeline:
 
     async def _evaluate(self, spec, task: Task, session_box: Sandbox, records, outcome: _Outcome, metadata: dict):
         """The reward, by the later of the session's deadline and the evaluator's own allowance."""
-        command = isinstance(task.evaluator, (CommandEvaluator, TestsEvaluator))
-        allowance = EVALUATION_SLACK_S + (task.evaluator.timeout_s if command else 0.0)
+        evaluator = task.evaluator
+        command = evaluator.timeout_s if isinstance(evaluator, (CommandEvaluator, TestsEvaluator)) else 0.0
+        allowance = EVALUATION_SLACK_S + command
         try:
             async with asyncio.timeout(max(spec.deadline - time.time(), allowance)):
                 return await self._evaluation(task, session_box, records, outcome, metadata)
@@ -323,5 +326,5 @@ async def _stop_fresh(fresh: asyncio.Task | None) -> bool:
     if fresh is None:
         return True
     fresh.cancel()  # no effect once started
-    [started] = await asyncio.gather(fresh, return_exceptions=True)
+    started = (await asyncio.gather(fresh, return_exceptions=True))[0]
     return await started.stop() if isinstance(started, Sandbox) else True  # a failed start tore itself down

@@ -8,8 +8,9 @@ Without `engine_url` (Slurm mode) it waits for the orchestrator's first non-empt
 starts its proxy on the first URL; every later Engines is forwarded to the proxy. The orchestrator
 link uses the run's gateway CURVE key when the run has keys; the proxy alone gets the run's engine
 API key (in its environment). Both receive loops survive any message: one with the wrong frame
-count or undecodable, of a kind the link does not carry, or on the proxy socket from any peer but the proxy (known by the secret routing id the
-gateway gave it, `security.PROXY_LINK_ENV`), is logged and dropped.
+count or undecodable, of a kind the link does not carry, or on the proxy socket from any peer but
+the proxy (known by the secret routing id the gateway gave it, `security.PROXY_LINK_ENV`), is
+logged and dropped.
 Its sandboxes' cgroups are its own (`sandbox.Cgroups` of the run): on its exit by any path (Shutdown,
 SIGTERM, a lost peer, an exception) every process in them is killed and they are removed; at its
 start it does the same for those of dead gateways of the same run.
@@ -56,7 +57,7 @@ class ProxyChannel(ProxyLink):
 
     def __init__(self, sock: zmq.asyncio.Socket, http_socket: Path) -> None:
         self.sock = sock
-        self.socket = http_socket
+        self.socket: Path = http_socket  # always set: the proxy gets one
         self.link_id = secrets.token_hex(16)  # the proxy's routing id: given to it alone
         self.identity: bytes | None = None
         self.url = ""

@@ -52,6 +52,7 @@ def launch(
     env = shell.environment(task, proxy_url, token, session_id, workspace)
     kind = task.harness.kind
     if kind == "shell":
+        assert task.harness.command is not None  # HarnessSpec requires it for shell
         return task.harness.command, env
     if kind in ("oracle", "noop"):
         return (oracle(task, workspace) if kind == "oracle" else "true"), env

@@ -34,7 +34,7 @@ import os
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
@@ -46,6 +46,7 @@ class BadRequest(Exception):
 
 
 _ids = itertools.count()
+_ID_PREFIX: str  # set by _new_prefix, in this process and in each forked child
 
 
 def _new_prefix() -> None:
@@ -256,6 +257,7 @@ def check_messages(messages: list[Any]) -> None:
 
 BIG = 256 << 10  # a body over this many bytes has its work done in the worker thread
 _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="big-call")
+_malloc_trim: Callable[[int], int] | None
 try:
     _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
 except (OSError, AttributeError):  # not glibc

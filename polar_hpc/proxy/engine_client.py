@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -157,7 +157,7 @@ class EngineClient:
     async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._call("POST", path, msgspec.json.encode(body))
 
-    async def stream_json(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def stream_json(self, path: str, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         started, conn = False, None
         try:
             conn = await self._send("POST", path, msgspec.json.encode(body))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from typing import cast
 
 import zmq
 import zmq.asyncio
@@ -40,7 +41,9 @@ class GatewayLink:
         self.liveness.heard(_GATEWAY)
 
     def send(self, message: wire.Message) -> None:
-        self._sock.send(wire.encode(message)).add_done_callback(_log_failure)
+        # pyzmq's stub types zmq.asyncio's send as an Awaitable; it returns an asyncio Future
+        sent = cast("asyncio.Future[zmq.MessageTracker | None]", self._sock.send(wire.encode(message)))
+        sent.add_done_callback(_log_failure)
 
     async def recv(self) -> wire.AnyMessage:
         while True:

@@ -244,7 +244,9 @@ class _Proxy:
         if self.opts.strict_model and asked not in (None, self.opts.model):
             message = f"The model {asked!r} does not exist; this run serves {self.opts.model!r}."
             return _json(404, api.error_body(404, message, "not_found", "model"))
-        flight = _InFlight(asyncio.current_task())
+        current = asyncio.current_task()
+        assert current is not None  # aiohttp runs each request as a task
+        flight = _InFlight(current)
         session.calls.add(flight)
         try:
             return await self._serve(api, session, request, body, call, flight)
@@ -267,18 +269,20 @@ class _Proxy:
         t_start = time.time()
         events = api.Events(call, body, self.opts.model) if call.stream else None
 
-        async def begin() -> None:
+        async def begin() -> web.StreamResponse:
+            """The call's event stream, started (headers and first event sent) on first use."""
+            assert events is not None  # only a streamed call has one
             if flight.sent is None:
                 flight.sent = web.StreamResponse(
                     headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
                 )
                 await flight.sent.prepare(request)
                 await flight.sent.write(events.start())
+            return flight.sent
 
         async def emit(piece: str | ToolCall) -> None:
             if events is not None:
-                await begin()
-                await flight.sent.write(events.delta(piece))
+                await (await begin()).write(events.delta(piece))
 
         try:
             outcome = await self.mode.answer(session.session_id, call, emit)
@@ -299,6 +303,7 @@ class _Proxy:
             if flight.sent is None:
                 headers = _NO_ENGINE_HEADERS if e.status == NO_ENGINE else None
                 return _json(e.status, api.error_body(e.status, e.message, kind), headers)
+            assert events is not None  # something was sent: the call streams
             await flight.sent.write(events.error(e.status, e.message, kind))
             await flight.sent.write_eof()
             return flight.sent
@@ -310,9 +315,9 @@ class _Proxy:
                 await flight.sent.prepare(request)
                 await flight.sent.write_eof()
             else:
-                await begin()
-                await flight.sent.write(events.end(outcome))
-                await flight.sent.write_eof()
+                sent = await begin()
+                await sent.write(events.end(outcome))
+                await sent.write_eof()
         except ConnectionResetError:  # recorded: the harness saw every token but the last ones
             log.info("session %s: harness hung up before the end of its answer", session.session_id)
         finally:
@@ -410,5 +415,6 @@ async def _run(opts: ProxyOptions) -> None:
 
 def _stop_on_end(task: asyncio.Task, stop: asyncio.Event) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.error("%s failed", task.get_coro().__qualname__, exc_info=task.exception())
+        # typeshed's Generator lacks __qualname__, which generator objects have
+        log.error("%s failed", task.get_coro().__qualname__, exc_info=task.exception())  # type: ignore[union-attr]
     stop.set()

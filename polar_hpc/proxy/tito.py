@@ -50,7 +50,7 @@ from polar_hpc.proxy.calls import (
 )
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
-from polar_hpc.proxy.tool_parsers import CallReader, parser_for
+from polar_hpc.proxy.tool_parsers import CallReader, ToolParser, parser_for
 
 log = logging.getLogger("polar_hpc.proxy")
 
@@ -110,6 +110,7 @@ class Renderer:
         self.eos_ids = frozenset(i for i in eos if isinstance(i, int))
         self._rendered = _Lru(RENDER_CACHE, CACHE_BYTES)
         self._encoded = _Lru(ENCODE_CACHE, CACHE_BYTES)
+        self._token_text = functools.lru_cache(maxsize=1 << 16)(self._decode_one)  # per instance
 
     def text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
         key = msgspec.json.encode((messages, tools, generation))  # all the template sees, exactly
@@ -151,9 +152,13 @@ class Renderer:
         # the time), and with the GIL released, so the event loop runs while a big text is cut.
         return tuple(self._fast.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
-    @functools.lru_cache(maxsize=1 << 16)
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        return self._token_text(token_id)
+
+    def _decode_one(self, token_id: int) -> str:
+        text = self.tokenizer.decode([token_id])
+        assert isinstance(text, str)  # one sequence of ids decodes to one text
+        return text
 
 
 def _generation_eos(folder: Path) -> list[int]:
@@ -294,8 +299,13 @@ class Tito:
                 except ValueError as e:
                     raise EngineError(502, str(e)) from None
                 self.parser = parser_for(self.parser_name, self.renderer.chat_template)
-            log.info("tito: tokenizer %s, tool parser %s, context %d",
-                     self.renderer.folder, self.parser.name, self.context_length)
+            renderer, parser, context_length = self._ready()
+            log.info("tito: tokenizer %s, tool parser %s, context %d", renderer.folder, parser.name, context_length)
+
+    def _ready(self) -> tuple[Renderer, ToolParser, int]:
+        """The tokenizer, tool parser and context length: all set once `_prepare` returned."""
+        assert self.renderer is not None and self.parser is not None and self.context_length is not None
+        return self.renderer, self.parser, self.context_length
 
     async def warm(self) -> None:
         """Load the tokenizer now if the engine answers, so the first call need not wait."""
@@ -313,11 +323,12 @@ class Tito:
         self, session_id: str, call: Call, emit: Callable[[str | ToolCall], Awaitable[None]]
     ) -> Outcome:
         await self._prepare(session_id)
+        renderer, _, context_length = self._ready()
         chains = self._chains.setdefault(session_id, Chains())
-        prompt = await offload(call.size, chains.prompt, self.renderer, call)
+        prompt = await offload(call.size, chains.prompt, renderer, call)
         budget = call.max_tokens
         if budget is None:
-            budget = max(self.context_length - len(prompt.ids), 1)
+            budget = max(context_length - len(prompt.ids), 1)
         sampling = Sampling(budget, call.temperature, call.top_p, tuple(call.stop or ()))
         (sampled, url, reply), retried = await self.router.attempt(
             session_id, lambda client: self._generate(client, prompt.ids, sampling, call, emit)
@@ -338,30 +349,37 @@ class Tito:
     ) -> tuple[Sampled, str, tuple[str | None, list[ToolCall]]]:
         """The engine's sampled reply, its URL and the reply's (content, tool calls); when
         streaming, content and calls are emitted as they are read."""
+        _, parser, _ = self._ready()
         path, body = self.engine.generate(ids, sampling, call.stream, call.id)
         generation, version = self.engine.Generation(), self.router.version(client.base_url)
         if not call.stream:
             with aborted.checked(client.base_url):
                 text = generation.feed(await client.post_json(path, body))
             sampled = aborted.check(generation.result, version, client.base_url)
-            content, calls = self.parser.parse(text, call.tools)
+            content, calls = parser.parse(text, call.tools)
             return sampled, client.base_url, (content, [_tool_call(n, a) for n, a in calls])
-        reader, content, tool_calls = CallReader(self.parser, call.tools), [], []
+        reader = CallReader(parser, call.tools)
+        pieces: list[str] = []
+        tool_calls: list[ToolCall] = []
         # closed at once when the call is cancelled (not when the generator is collected)
         async with contextlib.aclosing(client.stream_json(path, body)) as events:
             async for event in events:
                 with aborted.checked(client.base_url):
                     piece, calls = reader.feed(generation.feed(event))
-                for part in [piece, *(_tool_call(n, a) for n, a in calls)]:
+                parts: list[str | ToolCall] = [piece, *(_tool_call(n, a) for n, a in calls)]
+                for part in parts:
                     if part:
                         await emit(part)
-                        (content if isinstance(part, str) else tool_calls).append(part)
+                        if isinstance(part, str):
+                            pieces.append(part)
+                        else:
+                            tool_calls.append(part)
         sampled = aborted.check(generation.result, version, client.base_url)
         rest = reader.finish()
         if rest:
             await emit(rest)
-            content.append(rest)
-        return sampled, client.base_url, ("".join(content) or None, tool_calls)
+            pieces.append(rest)
+        return sampled, client.base_url, ("".join(pieces) or None, tool_calls)
 
     def _outcome(
         self, call: Call, prompt_ids: list[int], sampled: Sampled, url: str,
@@ -376,7 +394,7 @@ class Tito:
             finish_reason=finish_reason, prompt_ids=prompt_ids, output_ids=sampled.ids,
             output_logprobs=sampled.logprobs, weight_version=sampled.weight_version or "",
             engine_url=url, cached_tokens=sampled.cached_tokens,
-            token_texts=[self.renderer.token_text(i) for i in sampled.ids] if call.logprobs else None,
+            token_texts=[self._ready()[0].token_text(i) for i in sampled.ids] if call.logprobs else None,
         )
 
 

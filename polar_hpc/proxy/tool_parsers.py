@@ -182,8 +182,10 @@ def _typed(value: str, schema: dict[str, Any]) -> Any:
         parsed = json.loads(value)
     except ValueError:
         return value
-    ok = {"integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
-    wanted = ok.get(kind)
+    ok: dict[str, type | tuple[type, ...]] = {
+        "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list,
+    }
+    wanted = ok.get(kind) if isinstance(kind, str) else None
     return parsed if wanted is not None and isinstance(parsed, wanted) else value
 
 

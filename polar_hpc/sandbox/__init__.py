@@ -57,6 +57,6 @@ def backend(
 def _factory(cls: type[Sandbox], run_hidden: tuple[Path, ...], **fixed) -> Factory:
     """`cls` with `fixed` keywords; a sandbox's own `hidden` folders add to the run's."""
     def make(*args, hidden: tuple[Path, ...] = (), **kwargs) -> Sandbox:
-        return cls(*args, hidden=run_hidden + tuple(hidden), **fixed, **kwargs)
+        return cls(*args, hidden=run_hidden + tuple(hidden), **{**fixed, **kwargs})
 
     return make

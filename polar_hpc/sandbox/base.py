@@ -64,7 +64,6 @@ class Sandbox:
 
     name = "base"
     pid_namespace = False  # each command runs in its own PID namespace, gone when it exits
-    user_namespace = False  # RLIMIT_NPROC inside counts only this sandbox's processes
     isolates_network = False  # network none/proxy-only get a network namespace of their own
     python = sys.executable  # the sandbox's python3, which runs inside.py
     inside = str(INSIDE)  # inside.py, as the sandbox sees it
@@ -99,6 +98,11 @@ class Sandbox:
         self._pgids: set[int] = set()
         self._cgroups = cgroups
         self._cgroup: cg.Cgroup | None = None
+
+    @property
+    def user_namespace(self) -> bool:
+        """RLIMIT_NPROC inside counts only this sandbox's processes."""
+        return False
 
     @property
     def relayed(self) -> bool:
@@ -150,6 +154,7 @@ class Sandbox:
         except (OSError, ValueError) as e:  # E2BIG, a NUL byte, a bad environment name...
             raise SandboxError(f"cannot launch the command: {getattr(e, 'strerror', None) or e}") from None
         self._pgids.add(proc.pid)
+        assert proc.stdout is not None and proc.stderr is not None  # both are PIPE
         reads = asyncio.gather(_read_capped(proc.stdout, cap), _read_capped(proc.stderr, cap))
         timed_out, limit = False, None
         try:
@@ -162,8 +167,8 @@ class Sandbox:
             out, err = await asyncio.wait_for(reads, 5.0)
         except asyncio.TimeoutError:  # an escaped process still holds the pipes
             out, err = b"", b"(output lost: a process outside the sandbox's group held it open)"
-        await proc.wait()
-        return ExecResult(proc.returncode, out, err, timed_out, limit)
+        returncode = await proc.wait()
+        return ExecResult(returncode, out, err, timed_out, limit)
 
     async def cancel(self) -> None:
         """Kill every process of the sandbox now (its files stay until `stop`)."""
@@ -292,7 +297,12 @@ async def _exited(pid: int) -> None:
         return
     loop = asyncio.get_running_loop()
     done = loop.create_future()
-    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+
+    def exited() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, exited)
     try:
         await done
     finally:
@@ -336,8 +346,8 @@ def _environ(pid: int) -> bytes:
 def _disk_usage(root: Path) -> int:
     """Bytes allocated under `root` (symlinks not followed)."""
     total = 0
-    for folder, dirs, files in os.walk(root):
-        for name in files + dirs:
+    for folder, dirs, names in os.walk(root):
+        for name in names + dirs:
             try:
                 total += os.lstat(os.path.join(folder, name)).st_blocks * 512
             except OSError:

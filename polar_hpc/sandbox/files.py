@@ -104,6 +104,7 @@ async def run(fn: Callable[[], T], timeout_s: float | None) -> T:
             set_it(value)
 
     def target() -> None:
+        outcome: tuple[Callable, object]
         try:
             outcome = (done.set_result, fn())
         except BaseException as e:  # handed to the awaiting coroutine

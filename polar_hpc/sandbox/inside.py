@@ -41,7 +41,7 @@ def main(argv):
     split = argv.index("--")
     opts, command = argv[:split], argv[split + 1 :]
     relay = user = None
-    env = os.environ
+    env = dict(os.environ)
     if "--prefixed-env" in opts:
         opts.remove("--prefixed-env")
         env = {k[len(ENV_PREFIX) :]: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}

@@ -62,6 +62,7 @@ class RunsAs(Sandbox):
     ) -> ExecResult:
         if self.privileged:  # what the gateway put there since (uploads, a harness's config files)
             give(self.workspace, *self.run_as)
-            if self.relayed and self.proxy_socket.exists():  # connectable; its host folder stays closed
-                self.proxy_socket.chmod(0o666)
+            socket = self.proxy_socket
+            if self.relayed and socket is not None and socket.exists():  # connectable; its host folder stays closed
+                socket.chmod(0o666)
         return await super().exec(command, env, timeout_s, max_output)

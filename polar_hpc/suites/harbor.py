@@ -130,6 +130,7 @@ def load_task(folder: Path, harness: HarnessSpec) -> Task:
         problems.append(f"{folder}/solution/solve.sh: missing, and `harness: oracle` runs it")
     if problems:
         raise ConfigError("\n".join(problems))
+    assert toml is not None, "_task_toml returns None only after adding a problem"
     env = toml.environment
     return Task(
         id=folder.name, instruction=instruction, timeout_s=toml.agent.timeout_sec, harness=harness,

@@ -67,7 +67,9 @@ async def evaluate(
     if isinstance(spec, CommandEvaluator):
         return await _command(spec, sandbox)
     if isinstance(spec, RewardFileEvaluator):
-        return await _reward_file(sandbox, spec.path)
+        outcome = await _reward_file(sandbox, spec.path)
+        assert outcome is not None  # None only when optional
+        return outcome
     if isinstance(spec, TestsEvaluator):
         return await _tests(spec, sandbox, diff)
     if isinstance(spec, RegexEvaluator):
@@ -97,8 +99,8 @@ async def _tests(spec: TestsEvaluator, sandbox: Sandbox, diff: bytes | str | Non
     except workspace.DiffError as e:
         return Outcome(0.0, f"the harness's workspace diff does not apply: {e}")
     try:
-        if spec.patch:
-            await files.run(lambda: files.write(sandbox.workspace, f"{folder}/tests.patch", spec.patch.encode()), None)
+        if patch := spec.patch:
+            await files.run(lambda: files.write(sandbox.workspace, f"{folder}/tests.patch", patch.encode()), None)
             await workspace.apply(sandbox, f"{folder}/tests.patch")
         if spec.dir:
             await sandbox.upload(Path(spec.dir), f"{folder}/tests")

@@ -11,7 +11,6 @@ of a sandbox outlives the run (its cgroups are swept when the test ends, pass or
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from pathlib import Path

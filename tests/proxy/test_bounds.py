@@ -170,16 +170,18 @@ def test_a_big_call_leaves_other_sessions_heartbeats_and_memory_alone(short_tmp,
         for size_mb in (10, 5, 5):
             text = ("def f(x):\n    return x * 2  # pasted code\n" * (size_mb << 16))[: size_mb << 20]
             body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 8}
-            latencies, statuses, done = [], set(), threading.Event()
+            latencies: list[float] = []
+            statuses: set[int] = set()
+            done = threading.Event()
 
-            def other() -> None:
+            def other(done: threading.Event, statuses: set[int], latencies: list[float]) -> None:
                 while not done.is_set():
                     t = time.monotonic()
                     statuses.add(post(p.url, "openai_chat", "tok-other", APIS["openai_chat"][2])[0])
                     latencies.append(time.monotonic() - t)
                     time.sleep(0.05)
 
-            thread = threading.Thread(target=other)
+            thread = threading.Thread(target=other, args=(done, statuses, latencies))
             beats = len(gateway.heartbeats)
             thread.start()
             status, _, answer = post(p.url, "openai_chat", "tok-big", body, timeout=300)

@@ -46,7 +46,9 @@ class ChatFormat:
         self._template = env.from_string(config["chat_template"])
         self._added = self.tokenizer.get_added_tokens_decoder()
         self.special_ids = frozenset(i for i, t in self._added.items() if t.special)
-        self.im_end_id = self.tokenizer.token_to_id("<|im_end|>")
+        im_end_id = self.tokenizer.token_to_id("<|im_end|>")
+        assert im_end_id is not None, f"{self.folder}: the tokenizer has no <|im_end|>"  # a ChatML one
+        self.im_end_id: int = im_end_id
         self.eos_ids = frozenset({self.im_end_id, self.tokenizer.token_to_id("<|endoftext|>")})
         self.vocab_size = self.tokenizer.get_vocab_size()
         self._bytes = _byte_decoder()
@@ -64,7 +66,9 @@ class ChatFormat:
         added = self._added.get(token_id)
         if added is not None:
             return added.content.encode()
-        return bytes(self._bytes[c] for c in self.tokenizer.id_to_token(token_id))
+        token = self.tokenizer.id_to_token(token_id)
+        assert token is not None, f"token {token_id} is not in the vocabulary"  # ids come from it
+        return bytes(self._bytes[c] for c in token)
 
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,

@@ -67,8 +67,7 @@ class Policy:
             match = rule.when.search(prompt_text)
             if match:
                 text = match.expand(rule.reply)
-                at = text.find(rule.pause_after) if rule.pause_after else -1
-                if at < 0:
+                if not rule.pause_after or (at := text.find(rule.pause_after)) < 0:
                     return Reply(text)
                 return Reply(text, at + len(rule.pause_after), rule.pause_ms / 1000)
         return Reply("")

@@ -9,8 +9,9 @@ with tools, logprobs and SGLang's `return_token_ids`; in `chat.py`), GET /health
 GET /get_model_info, GET /v1/models, and SGLang's weight-update routes (/pause_generation,
 /update_weights_from_disk, /continue_generation; in `weights.py`). With the environment
 variable `security.ENGINE_KEY_ENV` set (the run's engine API key), every route but /health demands
-it as `Authorization: Bearer`, like SGLang's `--api-key`. `serve(options)` blocks: it listens (port 0: a free port), writes `{"url": ...}` to the ready file atomically, and
-returns after SIGTERM/SIGINT. A bad rules file raises ConfigError before anything listens.
+it as `Authorization: Bearer`, like SGLang's `--api-key`. `serve(options)` blocks: it listens
+(port 0: a free port), writes `{"url": ...}` to the ready file atomically, and returns after
+SIGTERM/SIGINT. A bad rules file raises ConfigError before anything listens.
 """
 
 from __future__ import annotations
