@@ -4,10 +4,10 @@ Engine steps register (EngineHello), heartbeat, and leave (EngineBye) or go sile
 change of the live set is journaled and relayed to every gateway as Engines (`listing`), which its
 proxy routes over. Engines given with `--engine-url` (static) are not registered but take weight
 updates too. UpdateWeights (`request`) makes every engine load new weights (`engines.kinds`: the
-run's engine kind's `weights`, in the request's mode or `service.weight_update_mode`), one update at a time; the trainer that asked
-gets WeightsUpdated once all have answered. The newest version (`policy`) is the one loaded by at
-least one engine (or asked for while none is up); an engine that registers later with other
-weights (a restarted engine step) is given the newest at once.
+run's engine kind's `weights`, in the request's mode or `service.weight_update_mode`), one update
+at a time; the trainer that asked gets WeightsUpdated once all have answered. The newest version
+(`policy`) is the one loaded by at least one engine (or asked for while none is up); an engine
+that registers later with other weights (a restarted engine step) is given the newest at once.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ log = logging.getLogger("polar_hpc.orchestrator")
 
 
 class Registry:
-    def __init__(self, service: ServiceConfig, kind: str, weight_version: str, static_urls: tuple[str, ...], engine_key: str | None,
-                 journal: Journal, send: Callable[[bytes, wire.Message], None],
+    def __init__(self, service: ServiceConfig, kind: str, weight_version: str, static_urls: tuple[str, ...],
+                 engine_key: str | None, journal: Journal, send: Callable[[bytes, wire.Message], None],
                  to_gateways: Callable[[wire.Message], None], peers: wire.Liveness) -> None:
         self.service, self.engine_key, self.journal = service, engine_key, journal
         self.update_engines = kinds.get(kind).weights.update_engines  # the run's engine kind's updates

@@ -17,6 +17,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads: 2 busy cores oversubscribe
@@ -48,7 +49,7 @@ def examples(out: Path) -> list[tuple[list[int], list[int]]]:
         p = tokenizer.encode(prompt, add_special_tokens=False)
         r = tokenizer.encode(reply, add_special_tokens=False)
         found.append((p + r, [-100] * len(p) + r))
-    kept = []
+    kept: list[tuple[list[int], list[int]]] = []
     for ids, labels in sorted(found, key=lambda e: -len(e[0])):
         longer = next((k for k in kept if k[0][: len(ids)] == ids), None)
         if longer is None:
@@ -87,6 +88,11 @@ def train(model: Qwen2ForCausalLM, data: list[tuple[list[int], list[int]]]) -> f
         return -logprobs(torch.float64).min().item()
 
 
+def _untyped(**kwargs: Any) -> dict[str, Any]:
+    """Config keys the typed signature of another transformers release may not list (passed on as is)."""
+    return kwargs
+
+
 def build(out: Path) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(SEED)
@@ -97,8 +103,9 @@ def build(out: Path) -> None:
     vocab = len(Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab())
     config = Qwen2Config(
         vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=4096,
-        tie_word_embeddings=True, bos_token_id=0, eos_token_id=2, torch_dtype="float32",
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=4096,
+        tie_word_embeddings=True, bos_token_id=0, eos_token_id=2,
+        **_untyped(head_dim=32, torch_dtype="float32"),
     )
     model = Qwen2ForCausalLM(config)
     miss = train(model, examples(out))

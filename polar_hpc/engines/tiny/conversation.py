@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+from typing import Any
 from pathlib import Path
 
 AGENT = Path(__file__).resolve().parents[3] / "examples" / "calculator" / "agent.py"
@@ -43,8 +44,8 @@ def _call_reply() -> str:
     return f"<think>\n{CALL_REASONING}\n</think>\n\n<tool_call>\n{call}\n</tool_call>{END}"
 
 
-def lessons() -> list[tuple[list[dict], list[dict], str]]:
-    asked = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+def lessons() -> list[tuple[list[dict], list[Any], str]]:
+    asked: list[dict] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
     called = {
         "role": "assistant", "content": "", "reasoning_content": CALL_REASONING,
         "tool_calls": [{"id": "call_0", "type": "function", "function": {
