@@ -1,4 +1,5 @@
-"""Runs made once per test session for the dashboard tests: a finished one and a live one, the
+"""Runs made once for the dashboard tests (package scope: all of it, the browser and its event loop
+included, is gone before the next package runs): a finished one and a live one, the
 dashboard served on each (a real `polar-hpc dashboard` process), and one headless chromium."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def journal(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "journal" / "orchestrator.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def finished_run(tmp_path_factory) -> Path:
     """Calculator sessions (prefix_merge, and per_request: two traces each) and a crashing one."""
     tmp = tmp_path_factory.mktemp("finished")
@@ -49,7 +50,7 @@ def finished_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def live_run(tmp_path_factory) -> Iterator[Path]:
     """A run in progress: two quick sessions ended and sealed, two whose harness sleeps."""
     tmp = tmp_path_factory.mktemp("live")
@@ -106,14 +107,14 @@ class Served:
         self.proc.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def finished_dashboard(finished_run: Path) -> Iterator[Served]:
     served = Served(finished_run)
     yield served
     served.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser():
     """One headless Debian chromium for the whole session (never `playwright install`)."""
     if not Path(CHROMIUM).exists():
