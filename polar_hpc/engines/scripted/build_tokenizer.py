@@ -26,13 +26,15 @@ VOCAB_SIZE = 4096
 
 # ChatML with hermes-style tool calls. Rendered with trim_blocks/lstrip_blocks (as transformers
 # does) and a `tojson` that keeps key order and non-ASCII text.
-CHAT_TEMPLATE = r"""{%- macro text(c) -%}
+# `text(content)`: a message's text, from a string or a list of text parts (shared with engines.tiny)
+TEXT_MACRO = r"""{%- macro text(c) -%}
 {%- if c is string -%}{{- c -}}
 {%- elif c is iterable -%}
 {%- for p in c -%}{%- if p.type == 'text' -%}{{- p.text -}}{%- endif -%}{%- endfor -%}
 {%- endif -%}
 {%- endmacro -%}
-{%- if tools -%}
+"""
+CHAT_TEMPLATE = TEXT_MACRO + r"""{%- if tools -%}
 {{- '<|im_start|>system\n' -}}
 {%- if messages[0].role == 'system' -%}{{- text(messages[0].content) + '\n\n' -}}{%- endif -%}
 {{- '# Tools\n\nYou may call one or more functions to help with the request.\n' -}}

@@ -9,13 +9,9 @@ within one query, not across queries. Reasoning comes from `reasoning_content` o
 (vLLM's field), else from a `<think>` block at the start of the content.
 """
 
-CHAT_TEMPLATE = r"""{%- macro text(c) -%}
-{%- if c is string -%}{{- c -}}
-{%- elif c is iterable -%}
-{%- for p in c -%}{%- if p.type == 'text' -%}{{- p.text -}}{%- endif -%}{%- endfor -%}
-{%- endif -%}
-{%- endmacro -%}
-{%- if tools -%}
+from polar_hpc.engines.scripted.build_tokenizer import TEXT_MACRO
+
+CHAT_TEMPLATE = TEXT_MACRO + r"""{%- if tools -%}
 {{- '<|im_start|>system\n' -}}
 {%- if messages[0].role == 'system' -%}{{- text(messages[0].content) + '\n\n' -}}{%- endif -%}
 {{- '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n' -}}
