@@ -1,7 +1,7 @@
 """The model the vLLM tests serve: `model_dir()` is the tiny model (`polar_hpc.engines.tiny`),
 built once by the vLLM venv's Python (`$POLAR_VLLM_PYTHON`, default `.ci/vllm-venv/bin/python`)
 into `.pytest_cache/polar-tiny-model/HASH`, HASH covering the builder's source, the tokenizer it
-starts from and the calculator agent it is taught for; later sessions reuse it. A lock keeps
+starts from and the calculator agent and mini-swe-agent config it is taught for; later sessions reuse it. A lock keeps
 concurrent sessions from building twice."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from polar_hpc.engines.scripted.build_tokenizer import ASSET_DIR
-from polar_hpc.engines.tiny.conversation import AGENT
+from polar_hpc.engines.tiny.conversation import AGENT, MINI_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILDER = ROOT / "polar_hpc" / "engines" / "tiny"
@@ -28,7 +28,7 @@ BUILD_S = 900  # ~40 s on an idle machine, minutes on a busy one
 
 def source_hash() -> str:
     digest = hashlib.sha256()
-    for path in [*sorted(BUILDER.glob("*.py")), *sorted(ASSET_DIR.glob("tokenizer*.json")), AGENT]:
+    for path in [*sorted(BUILDER.glob("*.py")), *sorted(ASSET_DIR.glob("tokenizer*.json")), AGENT, MINI_CONFIG]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 

@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 from conftest import polar
-from e2e.helpers import sampled_runs, trajectories
+from e2e.helpers import trajectories
 from polar_hpc.engines.tiny import conversation as calc
 from vllm.conftest import vllm_python
+from vllm.helpers import check_sampled_runs, rendered
 from vllm.model import model_dir
 
 pytestmark = pytest.mark.timeout(1800)  # two vLLM starts (the run's and the session's) on a busy host
@@ -47,17 +48,6 @@ def test_every_session_solves_it_in_one_token_exact_trace(calculator_run, vllm):
         assert t.reward == 1.0 and len(t.traces) == 1, (t.reward, t.metadata)
         trace = t.traces[0]
         assert t.metadata["chains"] == 1 and not t.metadata["chain_breaks"]
-        sequence = (trace.prompt_ids + trace.response_ids).tolist()
-        runs = sampled_runs(trace.loss_mask.tolist())
-        assert len(runs) == 2  # the calculator call, then the answer
-        for start, end in runs:
-            prompt = sequence[: len(trace.prompt_ids) + start]
-            again = vllm.post("/v1/completions", {"model": vllm.model, "prompt": prompt, "max_tokens": end - start,
-                                                  "logprobs": 0, "return_token_ids": True})["choices"][0]
-            assert trace.response_ids[start:end].tolist() == again["token_ids"]
-            assert trace.logprobs[start:end].tolist() == pytest.approx(again["logprobs"]["token_logprobs"], abs=1e-4)
-        assert all(lp == 0.0 for lp, m in zip(trace.logprobs, trace.loss_mask) if not m)
+        assert len(check_sampled_runs(vllm, trace)) == 2  # the calculator call, then the answer
     asked = [{"role": "system", "content": calc.SYSTEM}, {"role": "user", "content": calc.QUESTION}]
-    rendered = vllm.post("/v1/chat/completions", {"model": vllm.model, "messages": asked, "tools": calc.TOOLS,
-                                                  "max_tokens": 1, "return_token_ids": True})
-    assert all(t.traces[0].prompt_ids.tolist() == rendered["prompt_token_ids"] for t in trajs)
+    assert all(t.traces[0].prompt_ids.tolist() == rendered(vllm, asked, calc.TOOLS) for t in trajs)

@@ -6,9 +6,10 @@ OUT_DIR becomes an HF model folder vLLM serves: `config.json`, `model.safetensor
 The tokenizer (`tokenizer.py`) is the scripted engine's byte-level BPE plus `<think>` (4096) and `</think>` (4097).
 The model is a Qwen2ForCausalLM (hidden 128, 2 layers, 4 heads of dim 32, float32, tied
 embeddings), trained from a fixed seed with Adam on torch's one thread, then sharpened (see
-`train`) until every taught token is near certain, on `conversation.lessons()`: the calculator example's conversation, so that
-`examples/calculator/agent.py` answers "What is 17 * 23 + 4?" with a calculator call and then
-395, at temperature 1 too. Same source, same bytes: the output is deterministic.
+`train`) until every taught token is near certain, on `conversation.lessons()`: the calculator
+example's conversations, so that `examples/calculator/agent.py` answers "What is 17 * 23 + 4?"
+with a calculator call and then 395, and mini-swe-agent (examples/calculator/mini.yaml) runs
+`echo $((17 * 23 + 4))`, answers 395 and submits, at temperature 1 too. Same source, same bytes: the output is deterministic.
 """
 
 from __future__ import annotations
