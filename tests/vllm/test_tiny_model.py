@@ -51,8 +51,8 @@ def tokenizer(tmp_path_factory):
     return AutoTokenizer.from_pretrained(str(out))
 
 
-def render(tokenizer, messages: list[dict], generation: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tools=calc.TOOLS, tokenize=False,
+def render(tokenizer, messages: list[dict], generation: bool, tools: list[dict] = calc.TOOLS) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
                                          add_generation_prompt=generation)
 
 
@@ -74,9 +74,12 @@ def test_template_extends_within_a_query_and_drops_earlier_reasoning(tokenizer):
 
 
 def test_template_renders_the_taught_conversation(tokenizer):
-    """What the tiny model is taught is what the template renders for the agent's history."""
-    (asked, _, call_reply), (answered, _, _) = calc.lessons()
-    assert render(tokenizer, answered, False).startswith(render(tokenizer, asked, True) + call_reply)
+    """What the tiny model is taught is what the template renders for the harness's history (the
+    calculator agent's, mini-swe-agent's: two calls each)."""
+    lessons = calc.lessons()
+    assert len(lessons) == 4
+    for (asked, tools, call_reply), (answered, _, _) in zip(lessons[::2], lessons[1::2]):
+        assert render(tokenizer, answered, False, tools).startswith(render(tokenizer, asked, True, tools) + call_reply)
 
 
 def test_build_is_deterministic(tmp_path):
