@@ -10,6 +10,7 @@ import time
 
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from polar_hpc import wire
 from polar_hpc.engines.scripted.chat_format import ASSET_DIR, ChatFormat
@@ -26,7 +27,8 @@ def sdk(proxy, token: str) -> openai.OpenAI:
 
 
 def test_renderer_is_the_engine_rendering():
-    """transformers' tokenizer + template on the model folder gives the scripted engine's ids."""
+    """The model folder's tokenizer + template, read without transformers, give the scripted
+    engine's ids."""
     r, fmt = Renderer(ASSET_DIR), ChatFormat()
     messages = [
         {"role": "system", "content": "sys"}, {"role": "user", "content": "What is 2+3?"},
@@ -76,10 +78,11 @@ def test_renderer_renders_as_apply_chat_template(tmp_path, template):
         (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": PROBE_TEMPLATE}))
         shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path)
     r = Renderer(folder)
+    reference = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)  # what it must equal
     for messages in CONVERSATIONS:
         for tools in (TOOLS, None):
             for generation in (True, False):
-                expected = r.tokenizer.apply_chat_template(
+                expected = reference.apply_chat_template(
                     _templated(messages), tools=tools, tokenize=False, add_generation_prompt=generation)
                 assert r.text(messages, tools, generation) == expected
     if template == "probe":
@@ -219,5 +222,20 @@ def test_strict_model_refuses_other_names(short_tmp, gateway, engine):
         answer = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
         assert answer.model == MODEL
         assert gateway.expect(wire.CallRecord).call_index == 0  # the refused call left none
+    finally:
+        stop(proxy.proc)
+
+
+def test_tokenizer_is_loaded_before_hello_never_on_a_call(short_tmp, gateway, engine):
+    """The gateway assigns no session before ProxyHello; the proxy says it only once its tokenizer
+    (from the engine's folder) is loaded, so the first call loads nothing."""
+    proxy = start_proxy(short_tmp, gateway, engine[0])  # returns once ProxyHello arrived
+    try:
+        loaded = proxy.log.read_text()
+        assert loaded.count("tito: tokenizer ") == 1, loaded
+        c = sdk(proxy, "t5")
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+        check_capture(gateway.expect(wire.CallRecord), engine[1])
+        assert proxy.log.read_text().count("tito: tokenizer ") == 1
     finally:
         stop(proxy.proc)
