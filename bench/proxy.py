@@ -6,9 +6,10 @@ Five targets reach one scripted engine, each with the same conversations:
   (`python -m sglang_router.launch_router`, cache_aware), each forwarding to that same route: a
   hop in front of the same engine work, so `<hop>_added_*` (minus direct_chat) is the pure cost of
   the hop.
-- `direct_tito`: this process does what a tito proxy does, without a proxy: it renders with the
-  same template and tokenizer (the proxy's `Renderer`, its chains not used), calls the engine's
-  /generate with the ids (the proxy's own request), and parses the tool calls; `tito`: a proxy in
+- `direct_tito`: this process does what a tito proxy does, without a proxy, with the proxy's own
+  parts: it renders and tokenizes (`Renderer`, each session's history extended as a chain,
+  `Chains`), calls the engine's /generate with the ids (the proxy's request), and parses the tool
+  calls; `tito`: a proxy in
   tito mode (render, /generate, parse, and a CallRecord per call to a stand-in gateway). So
   `tito_added_*` (minus direct_tito) is the pure cost of capture through a proxy.
 A session is a calculator conversation of `--questions` questions, two calls each (a tool call,
@@ -33,7 +34,9 @@ Figures (per round, then the median over `--rounds` rounds):
 - `<target>_calls_per_s`: calls answered per second of the target's waves.
 Also, once: `tito_first_call_ms`: a tito proxy spawned (tokenizer from the engine's folder) to its
 first call answered, through ProxyHello and the session opened by the stand-in gateway.
-Run it on a quiet machine: every process shares its CPUs. Each round's figures go to stderr;
+The load generator (this process, msgspec for JSON) also does direct_tito's rendering, so at high
+concurrency direct_tito also pays for sharing its CPU with the load. Run it on a quiet machine:
+every process shares its CPUs. Each round's figures go to stderr;
 last line: one JSON object {"seed": N, "tito_first_call_ms": X, "c1": {...}, "c64": {...},
 "c256": {...}}.
 
@@ -56,13 +59,14 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+import msgspec
 
 from polar_hpc import procs
 from polar_hpc.engines import kinds
 from polar_hpc.engines.capture import Sampling
 from polar_hpc.engines.scripted.chat_format import ASSET_DIR
-from polar_hpc.proxy.calls import new_id
-from polar_hpc.proxy.tito import Renderer
+from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, new_id
+from polar_hpc.proxy.tito import Chains, Renderer
 from polar_hpc.proxy.tool_parsers import parser_for
 from rounds import Gateway, free_port, positive, run_round, start  # bench/rounds.py
 
@@ -106,37 +110,41 @@ async def session(ask, conversations: Conversations, http: aiohttp.ClientSession
 
 
 async def chat(url: str, http: aiohttp.ClientSession, token: str, messages: list[dict]) -> dict:
-    body = {"model": "m", "messages": messages, "tools": TOOLS}
-    async with http.post(url + "/v1/chat/completions", json=body,
-                         headers={"Authorization": f"Bearer {token}"}) as resp:
-        answer = await resp.json()
+    body = msgspec.json.encode({"model": "m", "messages": messages, "tools": TOOLS})
+    async with http.post(url + "/v1/chat/completions", data=body, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"}) as resp:
+        answer = msgspec.json.decode(await resp.read())
     if resp.status != 200:
         raise RuntimeError(f"{url}: HTTP {resp.status}: {answer}")
     return {k: v for k, v in answer["choices"][0]["message"].items() if v is not None}
 
 
 class DirectTito:
-    """A tito proxy's work in this process: render, tokenize, /generate, parse the tool calls."""
+    """A tito proxy's work in this process, with its own parts: render and tokenize (`Renderer`,
+    extending each session's chain as the proxy does, `Chains`), /generate, parse the tool calls."""
 
     def __init__(self, engine_url: str) -> None:
         self.url, self.renderer = engine_url, Renderer(ASSET_DIR)
         self.parser = parser_for("auto", self.renderer.chat_template)
+        self.chains: dict[str, Chains] = {}
 
     async def ask(self, http: aiohttp.ClientSession, token: str, messages: list[dict]) -> dict:
-        ids = self.renderer.encode(self.renderer.text(messages, TOOLS, True))
-        path, body = SCRIPTED.generate(ids, Sampling(4096), False, new_id())
-        async with http.post(self.url + path, json=body) as resp:
-            answer = await resp.json()
+        call, chains = Call(messages=messages, tools=TOOLS), self.chains.setdefault(token, Chains())
+        prompt = chains.prompt(self.renderer, call)
+        path, body = SCRIPTED.generate(prompt.ids, Sampling(4096), False, call.id)
+        async with http.post(self.url + path, data=msgspec.json.encode(body),
+                             headers={"Content-Type": "application/json"}) as resp:
+            answer = msgspec.json.decode(await resp.read())
         if resp.status != 200:
             raise RuntimeError(f"{self.url}{path}: HTTP {resp.status}: {answer}")
         generation = SCRIPTED.Generation()
         content, calls = self.parser.parse(generation.feed(answer), TOOLS)
-        message: dict = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = [{"id": f"call_{i}", "type": "function",
-                                      "function": {"name": name, "arguments": arguments}}
-                                     for i, (name, arguments) in enumerate(calls)]
-        return message
+        sampled = generation.result()
+        outcome = Outcome(call.id, content, [ToolCall(f"call_{new_id()[8:]}", *c) for c in calls],
+                          "tool_calls" if calls else "stop", prompt.ids, sampled.ids, sampled.logprobs,
+                          "", self.url)
+        chains.record(prompt, call, outcome)
+        return assistant_message(outcome)
 
 
 def start_router(engine_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:

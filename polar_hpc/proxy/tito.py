@@ -33,6 +33,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -94,6 +95,9 @@ class _Lru:
 
 class Renderer:
     def __init__(self, folder: str | Path) -> None:
+        # One text per call: tokenizers' thread pool would only hand each one to another thread and
+        # block the event loop until that thread runs (tens of ms when an engine saturates the CPUs).
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.folder = str(folder)
         self.files = ModelFiles.load(Path(folder))
         self.tokenizer = self.files.tokenizer

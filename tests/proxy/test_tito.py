@@ -6,7 +6,9 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -239,3 +241,11 @@ def test_tokenizer_is_loaded_before_hello_never_on_a_call(short_tmp, gateway, en
         assert proxy.log.read_text().count("tito: tokenizer ") == 1
     finally:
         stop(proxy.proc)
+
+
+def test_renderer_tokenizes_on_the_calling_thread():
+    """No hand-off to tokenizers' thread pool: the event loop would wait for that thread to run."""
+    r = Renderer(ASSET_DIR)
+    before = threading.active_count(), len(list(Path("/proc/self/task").iterdir()))
+    assert r.encode("What is 2+3? " * 500) == ChatFormat().encode("What is 2+3? " * 500)
+    assert (threading.active_count(), len(list(Path("/proc/self/task").iterdir()))) == before
