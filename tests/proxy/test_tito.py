@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 
 from polar_hpc import wire
 from polar_hpc.engines.scripted.chat_format import ASSET_DIR, ChatFormat
+from polar_hpc.proxy.calls import BadRequest
 from polar_hpc.proxy.tito import RENDER_CACHE, Renderer, _templated
 
 from proxy.helpers import CALCULATOR, MODEL, check_capture, extends, start_engine, start_proxy, stop
@@ -71,13 +72,17 @@ CONVERSATIONS = [
 ]
 
 
-@pytest.mark.parametrize("template", ["scripted", "probe"])
+@pytest.mark.parametrize("template", ["scripted", "probe", "named"])
 def test_renderer_renders_as_apply_chat_template(tmp_path, template):
+    """As transformers renders, read without it: one template, or named ones (tool_use with tools)."""
     folder = ASSET_DIR
-    if template == "probe":
+    if template != "scripted":
         folder = tmp_path
         config = json.loads((ASSET_DIR / "tokenizer_config.json").read_text())
-        (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": PROBE_TEMPLATE}))
+        chosen = PROBE_TEMPLATE if template == "probe" else [
+            {"name": "default", "template": "{% generation %}plain{% endgeneration %}" + PROBE_TEMPLATE},
+            {"name": "tool_use", "template": "{% set ns = namespace(n=0) %}tools " + PROBE_TEMPLATE}]
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": chosen}))
         shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path)
     r = Renderer(folder)
     reference = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)  # what it must equal
@@ -92,6 +97,33 @@ def test_renderer_renders_as_apply_chat_template(tmp_path, template):
         assert "(no content)<call calculator" in r.text(CONVERSATIONS[1], None, False)
         with pytest.raises(Exception, match="bad role robot"):
             r.text([{"role": "robot", "content": "x"}], None, True)
+
+
+@pytest.mark.parametrize("template", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",  # a sandbox escape
+    "{% set ns = namespace() %}{% set ns._x = 1 %}{{ ns._x }}",  # a private attribute
+    "{{ raise_exception('no') }}",
+])
+def test_a_hostile_template_is_refused_per_call(tmp_path, template):
+    config = json.loads((ASSET_DIR / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path)
+    with pytest.raises(BadRequest, match="chat template cannot render"):
+        Renderer(tmp_path).text([{"role": "user", "content": "Hi"}], None, True)
+
+
+@pytest.mark.parametrize("broken, problem", [
+    ({"tokenizer.json": "{not json"}, "cannot load the tokenizer in"),
+    ({"tokenizer_config.json": "[1, 2]"}, "tokenizer_config.json is not a JSON object"),
+    ({"tokenizer_config.json": "{\"chat_template\": 3}"}, "has no chat template"),
+])
+def test_a_broken_model_folder_is_a_clear_error(tmp_path, broken, problem):
+    shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path)
+    shutil.copy(ASSET_DIR / "tokenizer_config.json", tmp_path)
+    for name, text in broken.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=problem):
+        Renderer(tmp_path)
 
 
 def test_renderer_caches_renderings_by_what_the_template_sees(monkeypatch):
