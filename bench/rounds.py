@@ -43,7 +43,8 @@ async def run_round(sessions: dict[str, Session], tokens: dict[str, list[str]], 
     n = len(next(iter(tokens.values()))) - 1
     waves = [(name, [tokens[name][1 + i + j] for j in range(min(c, n - i))])
              for i in range(0, n, c) for name in rng.sample(list(sessions), len(sessions))]
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=600)  # a call may queue long at C=256
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as http:
         for name, session in sessions.items():
             await session(http, tokens[name][0], {"latencies": [], "tokens": 0})
         for name, wave in waves:
