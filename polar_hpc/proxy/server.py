@@ -224,20 +224,21 @@ class _Proxy:
         session = self._by_token.get(api.token(request.headers) or "")
         if session is None:  # before a byte of the body is read
             return await self._refuse(request, _unauthorized(api))
-        limit = self.opts.max_body
-        too_large = _json(413, api.error_body(
-            413, f"Request body too large: this proxy accepts at most {limit} bytes.", "too_large"))
-        if (request.content_length or 0) > limit:
-            return await self._refuse(request, too_large)
+        if (request.content_length or 0) > self.opts.max_body:
+            return await self._refuse(request, self._too_large(api))
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:  # no Content-Length, and more than the limit came
-            return await self._refuse(request, too_large)
+            return await self._refuse(request, self._too_large(api))
         try:
             return await self._call(api, session, request, raw)
         finally:
             if len(raw) > BIG:
                 release_memory()
+
+    def _too_large(self, api) -> web.Response:  # built only when needed: most calls never are
+        message = f"Request body too large: this proxy accepts at most {self.opts.max_body} bytes."
+        return _json(413, api.error_body(413, message, "too_large"))
 
     async def _call(self, api, session: _Session, request: web.Request, raw: bytes) -> web.StreamResponse:
         try:
