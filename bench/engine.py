@@ -10,15 +10,17 @@ name `--model`); four targets reach it, each with the same conversations, greedy
 - `passthrough`: a proxy in passthrough mode (vLLM's /v1/chat/completions with `return_token_ids`
   and `logprobs`); `direct_chat`: the same route with the same fields, called directly.
 A session is two calls (the answer, then the history re-sent with one more user turn). At each
-concurrency C, a round runs `--sessions` sessions per target, C at a time; at C=1 the targets take
-turns session by session, in a fresh order each time, at C>1 each target runs its sessions alone.
-Rounds are repeated `--rounds` times. Figures, each the median over rounds:
+concurrency C, a round runs `--sessions` sessions per target, in waves of C sessions at a time;
+the targets take turns wave by wave, in an order drawn afresh for each wave from the printed seed
+(`bench/rounds.py`), so the host's load drifts hit all targets alike (at C=1 they take turns
+session by session). Rounds are repeated `--rounds` times. Figures, each the median over rounds:
 - `<target>_p50_ms`: the round's median per-call latency (request sent to answer read whole);
 - `tito_ratio` = tito_p50 / direct_tito_p50 and `passthrough_ratio` = passthrough_p50 /
   direct_chat_p50, each taken within a round (goal: <= 1.10);
 - `<proxy>_tokens_per_s`: sampled tokens the proxy captured (recorded ids) per second of the
-  target's wall time in the round.
-Last line: one JSON object {"c1": {...}, "c8": {...}, "load": [1, 5, 15 min load averages]}.
+  target's wall time in the round; `<proxy>_cpu_ms`: CPU time of the proxy process per call.
+Each round's figures go to stderr as it ends (a stall shows there). Last line: one JSON object
+{"c1": {...}, "c8": {...}, "load": [1, 5, 15 min load averages], "seed": N}.
 
     uv run python bench/engine.py --engine-url http://127.0.0.1:PORT [--concurrency 1 8] [--rounds 3]
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -41,7 +44,7 @@ import aiohttp
 
 from polar_hpc import procs
 from polar_hpc.proxy.tito import Renderer
-from proxy import Gateway, gated, positive, start  # bench/proxy.py
+from rounds import Gateway, positive, run_round, start  # bench/rounds.py
 
 ASK = "What is 17 * 23 + 4?"
 PROXIES = {"tito": "tito", "passthrough": "passthrough"}  # target name (the proxy's id): mode
@@ -77,31 +80,13 @@ class Caller:
         return latency, text, answer["usage"]["completion_tokens"]
 
 
-async def session(http, caller: Caller, token: str, out: dict) -> None:
+async def session(caller: Caller, http, token: str, out: dict) -> None:
     messages = [{"role": "user", "content": ASK}]
     for turn in range(2):
         latency, text, n = await caller.ask(http, token, messages)
         out["latencies"].append(latency)
         out["tokens"] += n
         messages = [*messages, {"role": "assistant", "content": text}, {"role": "user", "content": f"And {turn}?"}]
-
-
-async def measure(callers: dict[str, Caller], tokens: dict[str, list[str]], c: int) -> dict[str, dict]:
-    out = {name: {"latencies": [], "tokens": 0, "wall": 0.0} for name in callers}
-    n = len(next(iter(tokens.values())))
-    if c == 1:
-        turns = random.Random(n)
-        stints = [(name, [tokens[name][i]]) for i in range(1, n) for name in turns.sample(list(callers), len(callers))]
-    else:
-        stints = [(name, tokens[name][1:]) for name in callers]
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        for name, caller in callers.items():  # warm the connection and the caches
-            await session(http, caller, tokens[name][0], {"latencies": [], "tokens": 0})
-        for name, stint in stints:
-            gate, t0 = asyncio.Semaphore(c), time.perf_counter()
-            await asyncio.gather(*(gated(gate, session(http, callers[name], t, out[name])) for t in stint))
-            out[name]["wall"] += time.perf_counter() - t0
-    return out
 
 
 def figures(rounds: list[dict[str, dict]]) -> dict[str, float]:
@@ -115,6 +100,7 @@ def figures(rounds: list[dict[str, dict]]) -> dict[str, float]:
     for name, direct in PAIRS.items():
         out[f"{name}_ratio"] = median(lambda r, name=name, direct=direct: p50(r, name) / p50(r, direct))
         out[f"{name}_tokens_per_s"] = median(lambda r, name=name: r[name]["tokens"] / r[name]["wall"])
+        out[f"{name}_cpu_ms"] = median(lambda r, name=name: r[name]["cpu"] * 1000 / len(r[name]["latencies"]))
     return out
 
 
@@ -124,15 +110,19 @@ def main() -> None:
     parser.add_argument("--model", default="polar-scripted", help="Its served model name.")
     parser.add_argument("--concurrency", type=positive, nargs="+", default=[1, 8])
     parser.add_argument("--rounds", type=positive, default=3)
-    parser.add_argument("--sessions", type=positive, default=8, help="Per target and round.")
+    parser.add_argument("--sessions", type=positive, default=16, help="Per target and round.")
     parser.add_argument("--max-tokens", type=positive, default=32)
+    parser.add_argument("--seed", type=int, help="Of the order targets take turns in (default: drawn, printed).")
     args = parser.parse_args()
     url = args.engine_url.rstrip("/")
+    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
+    print(f"seed {seed}", file=sys.stderr, flush=True)
+    rng = random.Random(seed)
     with urllib.request.urlopen(url + "/v1/models", timeout=30) as r:
         renderer = Renderer(json.loads(r.read())["data"][0]["root"])
     with tempfile.TemporaryDirectory(prefix="enb") as d:
         tmp = Path(d)
-        gateway, children = Gateway(f"ipc://{tmp}/gw.ipc"), []
+        gateway, children, pids = Gateway(f"ipc://{tmp}/gw.ipc"), [], {}
         callers = {"direct_tito": Caller("direct_tito", url, args.model, args.max_tokens, renderer),
                    "direct_chat": Caller("direct_chat", url, args.model, args.max_tokens, renderer)}
         try:
@@ -142,24 +132,26 @@ def main() -> None:
                     "proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", url, "--engine-kind", "vllm",
                     "--model", args.model, "--mode", mode, "--proxy-id", proxy_id], tmp)
                 children.append(child)
+                pids[proxy_id] = {"cpu": child.proc.pid}
                 callers[proxy_id] = Caller(proxy_id, proxy_url, args.model, args.max_tokens, renderer)
             results, expected = {}, 0
             for c in args.concurrency:
                 rounds, names = [], list(callers)
                 for round_ in range(args.rounds):
-                    order = names[round_ % len(names):] + names[: round_ % len(names)]
-                    tokens = {name: [f"{name}-c{c}-{round_}-{i}" for i in range(args.sessions + 1)] for name in order}
+                    tokens = {name: [f"{name}-c{c}-{round_}-{i}" for i in range(args.sessions + 1)] for name in names}
                     for name in PROXIES:
                         gateway.open(name, tokens[name])
                         expected += 2 * (args.sessions + 1)
-                    rounds.append(asyncio.run(measure({name: callers[name] for name in order}, tokens, c)))
+                    sessions = {name: functools.partial(session, callers[name]) for name in names}
+                    rounds.append(asyncio.run(run_round(sessions, tokens, c, rng, pids)))
+                    print(f"c={c} round {round_}: {json.dumps(figures(rounds[-1:]))}", file=sys.stderr, flush=True)
                 results[f"c{c}"] = figures(rounds)
                 print(f"c={c}: {json.dumps(results[f'c{c}'])}", file=sys.stderr, flush=True)
             gateway.wait_records(expected)
         finally:
             gateway.close()
             procs.stop(children[::-1])
-    results["load"] = [round(x, 2) for x in os.getloadavg()]
+    results["load"], results["seed"] = [round(x, 2) for x in os.getloadavg()], seed
     print(json.dumps(results))
 
 

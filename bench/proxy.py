@@ -1,225 +1,150 @@
-"""What the proxy adds to a call, next to sglang-router, on the same scripted engine, in one run.
+"""What the proxy adds to a call, like for like, next to sglang-router, on one scripted engine, in one run.
 
-One scripted engine; four ways to reach it: directly (its /v1/chat/completions), through the
-polar-hpc proxy in tito mode (the proxy renders with the model's tokenizer, calls /generate, parses
-tool calls and ships a CallRecord per call to a stand-in gateway), through a second proxy in
-passthrough mode, and through sglang-router (`python -m sglang_router.launch_router`, cache_aware
-policy, forwarding the same chat route). At each concurrency C, a round runs max(C, 64) sessions per
-target, C at a time, each a two-call calculator conversation (a tool call, then the answer with the
-history re-sent). At C=1 the targets take turns session by session within the round, in a fresh
-order each time (the host's state drifts within a fraction of a second, by more than a target adds,
-so only turns this short compare like with like); at C>1 each target runs its sessions alone. Each
-round starts with the next target in turn (so none always runs first or last). Each figure is the
-median over rounds of that round's per-call latency percentile or calls/s; "added" figures are a
-target's percentile minus the direct one in the same round. `*_cpu_ms` is the time the threads of
-the proxy or router process ran on a CPU per call, and `*_engine_cpu_ms` the engine's, while the
-target ran (so the whole cost of a call on each path is their sum). Run it on a quiet machine: every
-process shares its CPUs. Last line: one JSON object {"c1": {...}, "c64": {...}, "c256": {...}}.
+Five targets reach one scripted engine, each with the same conversations:
+- `direct_chat`: the engine's own /v1/chat/completions (it renders, tokenizes, samples, parses).
+- `passthrough`: a polar-hpc proxy in passthrough mode, and `router`: sglang-router
+  (`python -m sglang_router.launch_router`, cache_aware), each forwarding to that same route: a
+  hop in front of the same engine work, so `<hop>_added_*` (minus direct_chat) is the pure cost of
+  the hop.
+- `direct_tito`: this process does what a tito proxy does, without a proxy, with the proxy's own
+  parts: it renders and tokenizes (`Renderer`, each session's history extended as a chain,
+  `Chains`), calls the engine's /generate with the ids (the proxy's request), and parses the tool
+  calls; `tito`: a proxy in
+  tito mode (render, /generate, parse, and a CallRecord per call to a stand-in gateway). So
+  `tito_added_*` (minus direct_tito) is the pure cost of capture through a proxy.
+A session is a calculator conversation of `--questions` questions, two calls each (a tool call,
+then the answer with the tool's result), the whole history re-sent each call, so prompts grow over
+turns. Every session's conversation differs (its numbers and a system prompt of
+`--context-words` words, drawn from the seed), so render and tokenize caches miss as in real runs;
+the same session index gets the same conversation on every target. The seed (`--seed`, else drawn)
+is printed first.
 
-    uv run python bench/proxy.py [--concurrency 1 64 256] [--rounds 15]
+At each concurrency C, a round runs max(C, `--sessions`) sessions per target in waves of C sessions at a
+time, the targets taking turns wave by wave in an order drawn afresh for each wave
+(`bench/rounds.py`: the host's load drifts hit all alike; the targets never share the engine).
+Figures (per round, then the median over `--rounds` rounds):
+- `<target>_p50_ms`, `<target>_p99_ms`: per-call latency (request sent to answer read whole),
+  the whole path through that target;
+- `<hop>_added_p50_ms`, `<hop>_added_p99_ms`: the hop's percentile minus its direct pair's, and
+  `<hop>_ratio`: its p50 over its pair's (hops: passthrough and router over direct_chat, tito over
+  direct_tito); `passthrough_vs_router`: passthrough_added_p50_ms / router_added_p50_ms (goal:
+  <= 1.5 at 64 and 256 sessions);
+- `<hop>_cpu_ms`: CPU time of the proxy's or router's process per call (steadier than wall time
+  on a shared machine), beside `<target>_engine_cpu_ms`, the engine's, per call;
+- `<target>_calls_per_s`: calls answered per second of the target's waves.
+Also, once: `tito_first_call_ms`: a tito proxy spawned (tokenizer from the engine's folder) to its
+first call answered, through ProxyHello and the session opened by the stand-in gateway.
+The load generator (this process, msgspec for JSON) also does direct_tito's rendering, so at high
+concurrency direct_tito also pays for sharing its CPU with the load. Run it on a quiet machine:
+every process shares its CPUs. Each round's figures go to stderr;
+last line: one JSON object {"seed": N, "tito_first_call_ms": X, "c1": {...}, "c64": {...},
+"c256": {...}}.
+
+    uv run python bench/proxy.py [--concurrency 1 64 256] [--rounds 5] [--seed N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
-import multiprocessing
-import queue
 import random
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-import zmq
+import msgspec
 
-from polar_hpc import procs, wire
+from polar_hpc import procs
+from polar_hpc.engines import kinds
+from polar_hpc.engines.capture import Sampling
+from polar_hpc.engines.scripted.chat_format import ASSET_DIR
+from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, new_id
+from polar_hpc.proxy.tito import Chains, Renderer
+from polar_hpc.proxy.tool_parsers import parser_for
+from rounds import Gateway, free_port, positive, run_round, start  # bench/rounds.py
 
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
-MIN_SESSIONS = 64  # per round, so that even C=1 yields enough calls for percentiles
-CALLS = 2  # per session
-PROXIES = {"proxy": "tito", "passthrough": "passthrough"}  # target name (the proxy's id): mode
+PROXIES = {"tito": "tito", "passthrough": "passthrough"}  # target name (the proxy's id): mode
+PAIRS = {"passthrough": "direct_chat", "router": "direct_chat", "tito": "direct_tito"}  # hop: direct
+WORDS = "agent tool file line error test build patch diff commit branch module value result".split()
+SCRIPTED = kinds.get("scripted").client  # the proxy's own client contract for the scripted engine
 
 
-class Gateway:
-    """The proxies' peer, in a process of its own as a real gateway is (so that taking records costs
-    the load generator nothing): opens sessions, heartbeats, and counts the records it is sent."""
+class Conversations:
+    """The same conversation for the same session index on every target, a different one per index."""
 
-    def __init__(self, endpoint: str) -> None:
-        mp = multiprocessing.get_context("spawn")
-        self._commands, self._replies = mp.Queue(), mp.Queue()
-        self._proc = mp.Process(target=_gateway, args=(endpoint, self._commands, self._replies), daemon=True)
-        self._proc.start()
+    def __init__(self, seed: int, questions: int, words: int) -> None:
+        self.seed, self.questions, self.words = seed, questions, words
 
-    def _ask(self, *command: object) -> None:
-        self._commands.put(command)
-        error = self._replies.get(timeout=60)
-        if error is not None:
-            raise error
-
-    def open(self, proxy_id: str, tokens: list[str]) -> None:
-        self._ask("open", proxy_id, tokens)
-
-    def wait_records(self, expected: int) -> None:
-        """Records leave after the answers: wait for the last ones to arrive."""
-        self._ask("wait", expected)
-
-    def close(self) -> None:
-        self._ask("close")
-        self._proc.join(timeout=5)
+    def plan(self, token: str) -> tuple[list[dict], list[tuple[int, int]]]:
+        """The opening messages and, per question, (subtrahend, addend) for `token`'s session."""
+        rng = random.Random(f"{self.seed}-{token.split('-', 1)[1]}")  # name-c-round-i: one per index
+        system = " ".join(rng.choice(WORDS) for _ in range(self.words))
+        return ([{"role": "system", "content": f"Session {rng.randrange(1 << 30)}. {system}"}],
+                [(rng.randrange(1, 99), rng.randrange(1, 99)) for _ in range(self.questions)])
 
 
-def _gateway(endpoint: str, commands: multiprocessing.Queue, replies: multiprocessing.Queue) -> None:
-    """The gateway process: serves the proxies on a ROUTER socket, and the bench's commands one at
-    a time (each a generator that yields until it is done; a reply when it is, or an error after
-    30 s), until "close"."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.bind(endpoint)
-    peers: dict[str, bytes] = {}  # proxy id -> its ROUTER identity
-    opened: set[str] = set()
-    records = 0
-
-    def open_sessions(proxy_id: str, tokens: list[str]) -> Iterator[None]:
-        while proxy_id not in peers:
-            yield
-        for t in tokens:
-            sock.send_multipart([peers[proxy_id], wire.encode(wire.OpenSession(session_id=t, token=t))])
-        while not set(tokens) <= opened:
-            yield
-
-    def wait_records(expected: int) -> Iterator[None]:
-        while records < expected:
-            yield
-
-    jobs = {"open": open_sessions, "wait": wait_records}
-    beat, last = wire.encode(wire.Heartbeat("gateway", 0.0)), 0.0
-    job, deadline = None, 0.0
-    while True:
-        if sock.poll(10):
-            peer, data = sock.recv_multipart()
-            message = wire.decode(data)
-            if isinstance(message, wire.CallRecord):
-                records += 1
-            elif isinstance(message, wire.ProxyHello):
-                peers[message.proxy_id] = peer
-            elif isinstance(message, wire.SessionOpened):
-                opened.add(message.session_id)
-            continue
-        if time.monotonic() - last > 0.3:
-            for peer in peers.values():
-                sock.send_multipart([peer, beat])
-            last = time.monotonic()
-        if job is None:
-            try:
-                kind, *args = commands.get_nowait()
-            except queue.Empty:
-                continue
-            if kind == "close":
-                break
-            job, deadline = jobs[kind](*args), time.monotonic() + 30
-        if next(job, "done") == "done":
-            replies.put(None)
-            job = None
-        elif time.monotonic() > deadline:
-            replies.put(RuntimeError(f"gateway: {kind} not done in 30 s ({records} records, "
-                                     f"{len(peers)} proxies, {len(opened)} sessions open)"))
-            job = None
-    for peer in peers.values():
-        sock.send_multipart([peer, wire.encode(wire.Shutdown(reason="bench done"))])
-    time.sleep(0.3)
-    replies.put(None)
-    sock.close(linger=0)
-    ctx.term()
-
-
-async def session(http: aiohttp.ClientSession, url: str, token: str, latencies: list[float]) -> None:
-    headers = {"Authorization": f"Bearer {token}"}
-    messages = [{"role": "user", "content": "What is 17 * 23 + 4?"}]
-    for _ in range(CALLS):
-        t0 = time.perf_counter()
-        async with http.post(url, json={"model": "m", "messages": messages, "tools": TOOLS},
-                             headers=headers) as resp:
-            answer = await resp.json()
-        latencies.append(time.perf_counter() - t0)
-        if resp.status != 200:
-            raise RuntimeError(f"{url}: HTTP {resp.status}: {answer}")
-        message = answer["choices"][0]["message"]
-        messages = messages + [message]
-        for call in message.get("tool_calls") or []:
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "395"})
-
-
-async def measure(targets: dict[str, str], tokens: dict[str, list[str]], c: int,
-                  pids: dict[str, dict[str, int]]) -> dict[str, dict[str, float]]:
-    """One round: each target's sessions (one per token after the first, which warms the connection
-    and the caches), `c` at a time. At c=1 the targets take turns session by session, in an order
-    drawn afresh for each session, so that what the host does meanwhile hits them alike; at c>1
-    each target runs its sessions alone (together they would share the engine). Per target:
-    latency percentiles, calls/s while it ran, and for each figure name: pid in `pids[target]`,
-    that process's CPU time per call (ms)."""
-    latencies: dict[str, list[float]] = {name: [] for name in targets}
-    wall = dict.fromkeys(targets, 0.0)
-    cpu = {name: dict.fromkeys(pids[name], 0.0) for name in targets}  # figure name: CPU seconds
-    n = len(next(iter(tokens.values())))
-    if c == 1:
-        turns = random.Random(n)  # a fresh order for each session, so no target always follows another
-        stints = [(name, [tokens[name][i]]) for i in range(1, n)
-                  for name in turns.sample(list(targets), len(targets))]
-    else:
-        stints = [(name, tokens[name][1:]) for name in targets]
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        for name, url in targets.items():
-            await session(http, url, tokens[name][0], [])
-        for name, stint in stints:
-            gate = asyncio.Semaphore(c)
-            used = {figure: cpu_s(pid) for figure, pid in pids[name].items()}
+async def session(ask, conversations: Conversations, http: aiohttp.ClientSession, token: str, out: dict) -> None:
+    """One conversation through `ask(http, token, messages) -> assistant message`."""
+    messages, steps = conversations.plan(token)
+    value = 17
+    for times, plus in steps:
+        messages = [*messages, {"role": "user", "content": f"What is {value} * {times} + {plus}?"}]
+        value = value * times + plus
+        for _ in range(2):
             t0 = time.perf_counter()
-            await asyncio.gather(*(gated(gate, session(http, targets[name], t, latencies[name]))
-                                   for t in stint))
-            wall[name] += time.perf_counter() - t0
-            for figure, t in used.items():
-                cpu[name][figure] += cpu_s(pids[name][figure]) - t
-    out = {}
-    for name, got in latencies.items():
-        q = statistics.quantiles(got, n=100, method="inclusive")
-        out[name] = {"p50": statistics.median(got) * 1000, "p99": q[98] * 1000,
-                     "calls_per_s": len(got) / wall[name],
-                     **{figure: t * 1000 / len(got) for figure, t in cpu[name].items()}}
-    return out
+            message = await ask(http, token, messages)
+            out["latencies"].append(time.perf_counter() - t0)
+            messages = [*messages, message]
+            for call in message.get("tool_calls") or []:
+                messages.append({"role": "tool", "tool_call_id": call["id"], "content": str(value)})
 
 
-async def gated(gate: asyncio.Semaphore, work: Coroutine[Any, Any, None]) -> None:
-    async with gate:
-        await work
+async def chat(url: str, http: aiohttp.ClientSession, token: str, messages: list[dict]) -> dict:
+    body = msgspec.json.encode({"model": "m", "messages": messages, "tools": TOOLS})
+    async with http.post(url + "/v1/chat/completions", data=body, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"}) as resp:
+        answer = msgspec.json.decode(await resp.read())
+    if resp.status != 200:
+        raise RuntimeError(f"{url}: HTTP {resp.status}: {answer}")
+    return {k: v for k, v in answer["choices"][0]["message"].items() if v is not None}
 
 
-def cpu_s(pid: int) -> float:
-    """Seconds a process's live threads have run on a CPU so far (Linux schedstat, ns-exact)."""
-    return sum(int((task / "schedstat").read_text().split()[0])
-               for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+class DirectTito:
+    """A tito proxy's work in this process, with its own parts: render and tokenize (`Renderer`,
+    extending each session's chain as the proxy does, `Chains`), /generate, parse the tool calls."""
 
+    def __init__(self, engine_url: str) -> None:
+        self.url, self.renderer = engine_url, Renderer(ASSET_DIR)
+        self.parser = parser_for("auto", self.renderer.chat_template)
+        self.chains: dict[str, Chains] = {}
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(name: str, args: list[str], tmp: Path) -> tuple[procs.Child, str]:
-    ready = tmp / f"{name}.ready"
-    child = procs.spawn(name, args + ["--ready-file", str(ready)], tmp / f"{name}.log")
-    return child, procs.wait_ready(child, ready)["url"]
+    async def ask(self, http: aiohttp.ClientSession, token: str, messages: list[dict]) -> dict:
+        call, chains = Call(messages=messages, tools=TOOLS), self.chains.setdefault(token, Chains())
+        prompt = chains.prompt(self.renderer, call)
+        path, body = SCRIPTED.generate(prompt.ids, Sampling(4096), False, call.id)
+        async with http.post(self.url + path, data=msgspec.json.encode(body),
+                             headers={"Content-Type": "application/json"}) as resp:
+            answer = msgspec.json.decode(await resp.read())
+        if resp.status != 200:
+            raise RuntimeError(f"{self.url}{path}: HTTP {resp.status}: {answer}")
+        generation = SCRIPTED.Generation()
+        content, calls = self.parser.parse(generation.feed(answer), TOOLS)
+        sampled = generation.result()
+        outcome = Outcome(call.id, content, [ToolCall(f"call_{new_id()[8:]}", *c) for c in calls],
+                          "tool_calls" if calls else "stop", prompt.ids, sampled.ids, sampled.logprobs,
+                          "", self.url)
+        chains.record(prompt, call, outcome)
+        return assistant_message(outcome)
 
 
 def start_router(engine_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
@@ -241,65 +166,95 @@ def start_router(engine_url: str, tmp: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
 
 
-def figures(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
-    """Medians over rounds; added latency and throughput relative to the same round's direct."""
+def first_call(tmp: Path, gateway: Gateway, engine_url: str) -> tuple[procs.Child, str, float]:
+    """A tito proxy spawned, then its first call answered: (the proxy, its URL, milliseconds)."""
+    t0 = time.perf_counter()
+    child, url = start("tito", ["proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", engine_url,
+                                "--mode", "tito", "--proxy-id", "tito"], tmp)
+    gateway.open("tito", ["tito-first-0-0"])
+
+    async def one() -> None:
+        async with aiohttp.ClientSession() as http:
+            messages = [{"role": "user", "content": "What is 2 * 3 + 4?"}]
+            await chat(url, http, "tito-first-0-0", messages)
+
+    asyncio.run(one())
+    return child, url, round((time.perf_counter() - t0) * 1000, 1)
+
+
+def figures(rounds: list[dict[str, dict]]) -> dict[str, float]:
+    """Medians over rounds of each round's figures."""
     def median(fn) -> float:
         return round(statistics.median(fn(r) for r in rounds), 3)
 
-    out = {"direct_p50_ms": median(lambda r: r["direct"]["p50"]),
-           "direct_engine_cpu_ms": median(lambda r: r["direct"]["engine_cpu_ms"])}
-    for name in ("proxy", "passthrough", "router"):
-        out[f"{name}_p50_ms"] = median(lambda r, n=name: r[n]["p50"])
-        out[f"{name}_added_p50_ms"] = median(lambda r, n=name: r[n]["p50"] - r["direct"]["p50"])
-        out[f"{name}_added_p99_ms"] = median(lambda r, n=name: r[n]["p99"] - r["direct"]["p99"])
-        out[f"{name}_throughput_ratio"] = median(
-            lambda r, n=name: r[n]["calls_per_s"] / r["direct"]["calls_per_s"])
-        out[f"{name}_cpu_ms"] = median(lambda r, n=name: r[n]["cpu_ms"])
-        out[f"{name}_engine_cpu_ms"] = median(lambda r, n=name: r[n]["engine_cpu_ms"])
+    def pct(r: dict, name: str, q: int) -> float:
+        return statistics.quantiles(r[name]["latencies"], n=100, method="inclusive")[q - 1] * 1000
+
+    def per_call(r: dict, name: str, figure: str) -> float:
+        return r[name][figure] * 1000 / len(r[name]["latencies"])
+
+    out = {}
+    for name in rounds[0]:
+        out[f"{name}_p50_ms"] = median(lambda r, n=name: pct(r, n, 50))
+        out[f"{name}_p99_ms"] = median(lambda r, n=name: pct(r, n, 99))
+        out[f"{name}_calls_per_s"] = median(lambda r, n=name: len(r[n]["latencies"]) / r[n]["wall"])
+        out[f"{name}_engine_cpu_ms"] = median(lambda r, n=name: per_call(r, n, "engine_cpu"))
+    for hop, direct in PAIRS.items():
+        for q in (50, 99):
+            out[f"{hop}_added_p{q}_ms"] = median(lambda r, h=hop, d=direct, q=q: pct(r, h, q) - pct(r, d, q))
+        out[f"{hop}_ratio"] = median(lambda r, h=hop, d=direct: pct(r, h, 50) / pct(r, d, 50))
+        out[f"{hop}_cpu_ms"] = median(lambda r, h=hop: per_call(r, h, "cpu"))
+    router = out["router_added_p50_ms"]
+    out["passthrough_vs_router"] = round(out["passthrough_added_p50_ms"] / router, 3) if router > 0 else None
     return out
-
-
-def positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=positive, nargs="+", default=[1, 64, 256])
-    parser.add_argument("--rounds", type=positive, default=15, help="Interleaved rounds per concurrency.")
+    parser.add_argument("--rounds", type=positive, default=5, help="Rounds per concurrency.")
+    parser.add_argument("--sessions", type=positive, default=64,
+                        help="At least this many per target and round (C if more), for percentiles.")
+    parser.add_argument("--questions", type=positive, default=2, help="Per session (two calls each).")
+    parser.add_argument("--context-words", type=int, default=300, help="In each session's system prompt.")
+    parser.add_argument("--seed", type=int, help="Of the conversations and turn order (default: drawn).")
     args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
+    print(f"seed {seed}", file=sys.stderr, flush=True)
+    rng, conversations = random.Random(seed), Conversations(seed, args.questions, args.context_words)
     with tempfile.TemporaryDirectory(prefix="pxb") as d:
         tmp = Path(d)
         engine, engine_url = start("engine", ["engine", "--kind", "scripted", "--port", "0"], tmp)
         gateway = Gateway(f"ipc://{tmp}/gw.ipc")
-        children, targets = [engine], {"direct": engine_url}
-        watched = {"direct": {"engine_cpu_ms": engine.proc.pid}}  # target: {figure: process}
-        router = None
+        children, router, results = [engine], None, {"seed": seed}
         try:
-            for proxy_id, mode in PROXIES.items():
-                child, targets[proxy_id] = start(proxy_id, [
-                    "proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", engine_url,
-                    "--mode", mode, "--proxy-id", proxy_id], tmp)
-                children.append(child)
-                watched[proxy_id] = {"cpu_ms": child.proc.pid, "engine_cpu_ms": engine.proc.pid}
-            router, targets["router"] = start_router(engine_url, tmp)
-            watched["router"] = {"cpu_ms": router.pid, "engine_cpu_ms": engine.proc.pid}
-            results, expected = {}, 0
+            gateway.wait_records(0)  # its process answers: it is bound before a proxy says hello
+            tito, tito_url, results["tito_first_call_ms"] = first_call(tmp, gateway, engine_url)
+            children.append(tito)
+            print(f"tito_first_call_ms {results['tito_first_call_ms']:.1f}", file=sys.stderr, flush=True)
+            urls = {"direct_chat": engine_url, "tito": tito_url}
+            child, urls["passthrough"] = start("passthrough", [
+                "proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", engine_url,
+                "--mode", "passthrough", "--proxy-id", "passthrough"], tmp)
+            children.append(child)
+            router, urls["router"] = start_router(engine_url, tmp)
+            procs_of = {"tito": tito.proc.pid, "passthrough": child.proc.pid, "router": router.pid}
+            asks = {name: functools.partial(chat, url) for name, url in urls.items()}
+            asks["direct_tito"] = DirectTito(engine_url).ask
+            pids = {name: {"engine_cpu": engine.proc.pid} for name in asks}
+            for name, pid in procs_of.items():
+                pids[name]["cpu"] = pid
+            sessions = {name: functools.partial(session, ask, conversations) for name, ask in asks.items()}
+            expected = 1  # the first call
             for c in args.concurrency:
-                n = max(c, MIN_SESSIONS) + 1  # the first session warms up
-                rounds = []
-                names = list(targets)
-                for round_ in range(args.rounds):  # interleaved, so load drifts hit all alike
-                    order = names[round_ % len(names):] + names[: round_ % len(names)]
-                    tokens = {name: [f"{name}-c{c}-{round_}-{i}" for i in range(n)] for name in order}
+                n, rounds = max(c, args.sessions) + 1, []  # the first session warms up
+                for round_ in range(args.rounds):
+                    tokens = {name: [f"{name}-c{c}-{round_}-{i}" for i in range(n)] for name in sessions}
                     for name in PROXIES:
                         gateway.open(name, tokens[name])
-                        expected += CALLS * n
-                    rounds.append(asyncio.run(measure(
-                        {name: targets[name] + "/v1/chat/completions" for name in order}, tokens, c,
-                        watched)))
+                        expected += 2 * args.questions * n
+                    rounds.append(asyncio.run(run_round(sessions, tokens, c, rng, pids)))
+                    print(f"c={c} round {round_}: {json.dumps(figures(rounds[-1:]))}", file=sys.stderr, flush=True)
                 results[f"c{c}"] = figures(rounds)
                 print(f"c={c}: {json.dumps(results[f'c{c}'])}", file=sys.stderr, flush=True)
             gateway.wait_records(expected)

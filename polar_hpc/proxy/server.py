@@ -4,6 +4,10 @@
 or the process gets SIGTERM/SIGINT; it then cancels in-flight calls, closes the HTTP server and
 returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError before it listens.
 
+- Start-up: the capture mode warms first (tito: the tokenizer is loaded, from `tokenizer` or the
+  engine's folder, logged as "tito: tokenizer ..."), for up to `WARM_S`; only then does the proxy
+  listen and say ProxyHello, and the gateway assigns no session before ProxyHello, so no harness
+  call waits for the tokenizer (an engine that does not answer in time: the first call loads it).
 - Once listening it writes `{"url": "http://HOST:PORT"}` to `ready_file` (tmp + os.replace).
 - Gateway link (`gateway_link`): ProxyHello first, Heartbeat every `heartbeat_s`, one CallRecord
   per answered call (sent once the answer is written) and SessionClosed after CloseSession, in
@@ -69,6 +73,7 @@ log = logging.getLogger("polar_hpc.proxy")
 
 _DRAIN, _DRAIN_S = 4, 10.0  # a refused body is discarded up to 4 times max_body, for 10 s
 _NO_ENGINE_HEADERS = {**aborted.RETRY_HEADERS, "Retry-After": "10"}  # an engine restarts slowly
+WARM_S = 5.0  # how long ProxyHello waits for the tokenizer (an engine slow to answer: the first call loads it)
 
 
 @dataclass(frozen=True)
@@ -219,20 +224,21 @@ class _Proxy:
         session = self._by_token.get(api.token(request.headers) or "")
         if session is None:  # before a byte of the body is read
             return await self._refuse(request, _unauthorized(api))
-        limit = self.opts.max_body
-        too_large = _json(413, api.error_body(
-            413, f"Request body too large: this proxy accepts at most {limit} bytes.", "too_large"))
-        if (request.content_length or 0) > limit:
-            return await self._refuse(request, too_large)
+        if (request.content_length or 0) > self.opts.max_body:
+            return await self._refuse(request, self._too_large(api))
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:  # no Content-Length, and more than the limit came
-            return await self._refuse(request, too_large)
+            return await self._refuse(request, self._too_large(api))
         try:
             return await self._call(api, session, request, raw)
         finally:
             if len(raw) > BIG:
                 release_memory()
+
+    def _too_large(self, api) -> web.Response:  # built only when needed: most calls never are
+        message = f"Request body too large: this proxy accepts at most {self.opts.max_body} bytes."
+        return _json(413, api.error_body(413, message, "too_large"))
 
     async def _call(self, api, session: _Session, request: web.Request, raw: bytes) -> web.StreamResponse:
         try:
@@ -381,6 +387,8 @@ async def _run(opts: ProxyOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     mode = _capture_mode(opts, router := Router(list(opts.engine_urls), hold_s=opts.engine_wait_s))
+    warming = asyncio.create_task(mode.warm())
+    await asyncio.wait([warming], timeout=WARM_S)  # before the gateway hears of the proxy
     ctx = zmq.asyncio.Context()
     link = GatewayLink(ctx, opts.gateway, opts.peer_timeout_s)
     proxy = _Proxy(opts, router, mode, link)
@@ -392,7 +400,6 @@ async def _run(opts: ProxyOptions) -> None:
         await web.UnixSite(runner, str(opts.unix_socket)).start()
     link.send(wire.ProxyHello(proxy_id=opts.proxy_id, url=url))
     tasks = [asyncio.create_task(proxy.gateway_loop()), asyncio.create_task(proxy.heartbeat_loop())]
-    warming = asyncio.create_task(mode.warm())
     for task in tasks:
         task.add_done_callback(lambda t: _stop_on_end(t, stop))
     if opts.ready_file is not None:

@@ -1,7 +1,8 @@
 """`tito` capture mode (tokens in, tokens out): the proxy renders, the engine only samples.
 
-`Renderer(folder)` is the model's own tokenizer and chat template (transformers' `AutoTokenizer`,
-rendering what `apply_chat_template` renders, tools included), loaded from a local folder; it keeps
+`Renderer(folder)` is the model's own tokenizer and chat template (`chat_template.ModelFiles`:
+rendering what transformers' `apply_chat_template` renders, tools included, without importing
+transformers), loaded from a local folder in well under a second; it keeps
 the last `RENDER_CACHE` renderings (keyed by exactly what the template sees) and `ENCODE_CACHE`
 tokenizations, each cache within `CACHE_BYTES`, and each token's text. Messages its template
 cannot render are a `BadRequest`. A big call's prompt is built in the worker thread
@@ -32,6 +33,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -48,6 +50,7 @@ from polar_hpc.proxy import aborted
 from polar_hpc.proxy.calls import (
     BadRequest, Call, Outcome, ToolCall, assistant_message, message_key, new_id, offload,
 )
+from polar_hpc.proxy.chat_template import ModelFiles, aliased, compiled
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
 from polar_hpc.proxy.tool_parsers import CallReader, ToolParser, parser_for
@@ -92,22 +95,15 @@ class _Lru:
 
 class Renderer:
     def __init__(self, folder: str | Path) -> None:
-        from transformers import AutoTokenizer  # heavy; only tito mode needs it
-        from transformers.utils import chat_template_utils as templates  # pinned; see `_render`
-
-        self._compile, self._alias = templates._compile_jinja_template, templates._alias_reasoning_fields
+        # One text per call: tokenizers' thread pool would only hand each one to another thread and
+        # block the event loop until that thread runs (tens of ms when an engine saturates the CPUs).
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.folder = str(folder)
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.folder, local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot load the tokenizer in {self.folder}: {e}") from None
-        if not self.tokenizer.chat_template:
-            raise ValueError(f"the tokenizer in {self.folder} has no chat template")
-        self.chat_template = self.tokenizer.chat_template
-        self._special = dict(self.tokenizer.special_tokens_map)
-        self._fast = getattr(self.tokenizer, "backend_tokenizer", None)
-        eos = {self.tokenizer.eos_token_id} | set(_generation_eos(Path(self.folder)))
-        self.eos_ids = frozenset(i for i in eos if isinstance(i, int))
+        self.files = ModelFiles.load(Path(folder))
+        self.tokenizer = self.files.tokenizer
+        templates = self.files.templates  # the tool parser is told by the template that renders tools
+        self.chat_template = templates.get("tool_use") or templates.get("default") or next(iter(templates.values()))
+        self.eos_ids = self.files.eos_ids
         self._rendered = _Lru(RENDER_CACHE, CACHE_BYTES)
         self._encoded = _Lru(ENCODE_CACHE, CACHE_BYTES)
         self._token_text = functools.lru_cache(maxsize=1 << 16)(self._decode_one)  # per instance
@@ -122,16 +118,15 @@ class Renderer:
 
     def _render(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
         """What `apply_chat_template(messages, tools=tools, tokenize=False,
-        add_generation_prompt=generation)` renders, by the same compiled template with the same
-        variables, without its per-call deep copy of everything into plain data (decoded JSON is
-        plain data already; that copy took a quarter of the rendering time). A template that
+        add_generation_prompt=generation)` renders (`chat_template`), without its per-call deep
+        copy of everything into plain data (decoded JSON is plain data already). A template that
         cannot render the harness's messages is the request's fault (BadRequest)."""
-        template = self._compile(self.tokenizer.get_chat_template(None, tools))
         chat = [{k: v for k, v in m.items() if v is not None} for m in _templated(messages)]
         try:
+            template = compiled(self.files.template(tools))
             return template.render(
-                messages=self._alias(chat), tools=tools, documents=None,
-                add_generation_prompt=generation, **self._special,
+                messages=aliased(chat), tools=tools, documents=None,
+                add_generation_prompt=generation, **self.files.special,
             )
         except (TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError,
                 RecursionError) as e:
@@ -146,27 +141,19 @@ class Renderer:
         return list(ids)
 
     def _tokenize(self, text: str) -> tuple[int, ...]:
-        if self._fast is None:
-            return tuple(self.tokenizer.encode(text, add_special_tokens=False))
-        # The same ids as `encode`, without transformers' per-call overhead, without offsets (half
-        # the time), and with the GIL released, so the event loop runs while a big text is cut.
-        return tuple(self._fast.encode_batch_fast([text], add_special_tokens=False)[0].ids)
+        # Without offsets (half the time), and with the GIL released, so the event loop runs while
+        # a big text is cut.
+        return tuple(self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
+
+    def decode(self, ids: list[int]) -> str:
+        """The ids' text, special tokens included, as sampled (no clean-up of spaces)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def token_text(self, token_id: int) -> str:
         return self._token_text(token_id)
 
     def _decode_one(self, token_id: int) -> str:
-        text = self.tokenizer.decode([token_id])
-        assert isinstance(text, str)  # one sequence of ids decodes to one text
-        return text
-
-
-def _generation_eos(folder: Path) -> list[int]:
-    try:
-        value = json.loads((folder / "generation_config.json").read_text()).get("eos_token_id")
-    except (OSError, ValueError):
-        return []
-    return value if isinstance(value, list) else [value]
+        return self.decode([token_id])
 
 
 def _templated(messages: list[dict]) -> list[dict]:
@@ -249,7 +236,7 @@ class Chains:
         at = full.find(end, len(before)) if full.startswith(before) else -1
         if at < 0:
             return None, f"template renders chain {chain.number}'s history differently"
-        if full[len(before):at + len(end)] != r.tokenizer.decode(chain.ids[-chain.sampled:]):
+        if full[len(before):at + len(end)] != r.decode(chain.ids[-chain.sampled:]):
             return None, f"template renders chain {chain.number}'s last reply differently"
         return full[at + len(end):], ""
 

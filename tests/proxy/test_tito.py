@@ -6,13 +6,17 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import openai
 import pytest
+from transformers import AutoTokenizer
 
 from polar_hpc import wire
 from polar_hpc.engines.scripted.chat_format import ASSET_DIR, ChatFormat
+from polar_hpc.proxy.calls import BadRequest
 from polar_hpc.proxy.tito import RENDER_CACHE, Renderer, _templated
 
 from proxy.helpers import CALCULATOR, MODEL, check_capture, extends, start_engine, start_proxy, stop
@@ -26,7 +30,8 @@ def sdk(proxy, token: str) -> openai.OpenAI:
 
 
 def test_renderer_is_the_engine_rendering():
-    """transformers' tokenizer + template on the model folder gives the scripted engine's ids."""
+    """The model folder's tokenizer + template, read without transformers, give the scripted
+    engine's ids."""
     r, fmt = Renderer(ASSET_DIR), ChatFormat()
     messages = [
         {"role": "system", "content": "sys"}, {"role": "user", "content": "What is 2+3?"},
@@ -67,19 +72,24 @@ CONVERSATIONS = [
 ]
 
 
-@pytest.mark.parametrize("template", ["scripted", "probe"])
+@pytest.mark.parametrize("template", ["scripted", "probe", "named"])
 def test_renderer_renders_as_apply_chat_template(tmp_path, template):
+    """As transformers renders, read without it: one template, or named ones (tool_use with tools)."""
     folder = ASSET_DIR
-    if template == "probe":
+    if template != "scripted":
         folder = tmp_path
         config = json.loads((ASSET_DIR / "tokenizer_config.json").read_text())
-        (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": PROBE_TEMPLATE}))
+        chosen = PROBE_TEMPLATE if template == "probe" else [
+            {"name": "default", "template": "{% generation %}plain{% endgeneration %}" + PROBE_TEMPLATE},
+            {"name": "tool_use", "template": "{% set ns = namespace(n=0) %}tools " + PROBE_TEMPLATE}]
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": chosen}))
         shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path)
     r = Renderer(folder)
+    reference = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)  # what it must equal
     for messages in CONVERSATIONS:
         for tools in (TOOLS, None):
             for generation in (True, False):
-                expected = r.tokenizer.apply_chat_template(
+                expected = reference.apply_chat_template(
                     _templated(messages), tools=tools, tokenize=False, add_generation_prompt=generation)
                 assert r.text(messages, tools, generation) == expected
     if template == "probe":
@@ -87,6 +97,33 @@ def test_renderer_renders_as_apply_chat_template(tmp_path, template):
         assert "(no content)<call calculator" in r.text(CONVERSATIONS[1], None, False)
         with pytest.raises(Exception, match="bad role robot"):
             r.text([{"role": "robot", "content": "x"}], None, True)
+
+
+@pytest.mark.parametrize("template", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",  # a sandbox escape
+    "{% set ns = namespace() %}{% set ns._x = 1 %}{{ ns._x }}",  # a private attribute
+    "{{ raise_exception('no') }}",
+])
+def test_a_hostile_template_is_refused_per_call(tmp_path, template):
+    config = json.loads((ASSET_DIR / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path)
+    with pytest.raises(BadRequest, match="chat template cannot render"):
+        Renderer(tmp_path).text([{"role": "user", "content": "Hi"}], None, True)
+
+
+@pytest.mark.parametrize("broken, problem", [
+    ({"tokenizer.json": "{not json"}, "cannot load the tokenizer in"),
+    ({"tokenizer_config.json": "[1, 2]"}, "tokenizer_config.json is not a JSON object"),
+    ({"tokenizer_config.json": "{\"chat_template\": 3}"}, "has no chat template"),
+])
+def test_a_broken_model_folder_is_a_clear_error(tmp_path, broken, problem):
+    shutil.copy(ASSET_DIR / "tokenizer.json", tmp_path)
+    shutil.copy(ASSET_DIR / "tokenizer_config.json", tmp_path)
+    for name, text in broken.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=problem):
+        Renderer(tmp_path)
 
 
 def test_renderer_caches_renderings_by_what_the_template_sees(monkeypatch):
@@ -221,3 +258,26 @@ def test_strict_model_refuses_other_names(short_tmp, gateway, engine):
         assert gateway.expect(wire.CallRecord).call_index == 0  # the refused call left none
     finally:
         stop(proxy.proc)
+
+
+def test_tokenizer_is_loaded_before_hello_never_on_a_call(short_tmp, gateway, engine):
+    """The gateway assigns no session before ProxyHello; the proxy says it only once its tokenizer
+    (from the engine's folder) is loaded, so the first call loads nothing."""
+    proxy = start_proxy(short_tmp, gateway, engine[0])  # returns once ProxyHello arrived
+    try:
+        loaded = proxy.log.read_text()
+        assert loaded.count("tito: tokenizer ") == 1, loaded
+        c = sdk(proxy, "t5")
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=1)
+        check_capture(gateway.expect(wire.CallRecord), engine[1])
+        assert proxy.log.read_text().count("tito: tokenizer ") == 1
+    finally:
+        stop(proxy.proc)
+
+
+def test_renderer_tokenizes_on_the_calling_thread():
+    """No hand-off to tokenizers' thread pool: the event loop would wait for that thread to run."""
+    r = Renderer(ASSET_DIR)
+    before = threading.active_count(), len(list(Path("/proc/self/task").iterdir()))
+    assert r.encode("What is 2+3? " * 500) == ChatFormat().encode("What is 2+3? " * 500)
+    assert (threading.active_count(), len(list(Path("/proc/self/task").iterdir()))) == before
