@@ -401,7 +401,8 @@ def test_a_daemon_that_tries_to_leave_its_cgroup_stays_in_it_and_dies_at_stop(tm
     /proc scan): a setsid daemon that writes itself into every cgroup.procs it can see must fail,
     stay in the sandbox's cgroup and die with it."""
     marker = f"5{os.getpid() % 100000:05d}7"
-    leave = 'for f in /sys/fs/cgroup/*/cgroup.procs /sys/fs/cgroup/cgroup.procs; do echo $$ 2>/dev/null > "$f" && echo "left via $f"; done'
+    leave = ('for f in /sys/fs/cgroup/*/cgroup.procs /sys/fs/cgroup/cgroup.procs; do '
+             'echo $$ 2>/dev/null > "$f" && echo "left via $f"; done')
 
     async def go():
         sb = _box(tmp_path / "sb")
