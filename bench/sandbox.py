@@ -1,13 +1,23 @@
-"""Sandbox start cost, and how busy a gateway's RUN slots stay with and without the READY pool.
+"""Sandbox start cost beside a bare bwrap start, and how busy RUN slots stay with and without the READY pool.
 
 - cold_start_ms: a real sandbox (bwrap where usable, else none) from nothing to its first command
-  done: `start()` (workspace, one uploaded file, limits) + `exec("true")`; median of --starts.
+  done: `start()` (workspace, cgroup, one uploaded file, limits) + `exec("true")`; median of
+  --starts. cold_start_cpu_ms: the CPU time of this process and the children it reaps over the
+  same span; what runs inside bwrap's PID namespace is reaped there and not counted, so
+  launcher_cpu_ms gives the CPU time of the in-sandbox launcher (`inside.py` with the sandbox's
+  own options, then `sh -c true`) run alone outside bwrap, median of --starts.
+- bare_bwrap_ms: in the same run, interleaved with the cold starts, `bwrap --ro-bind / / --dev /dev
+  --proc /proc --unshare-all --die-with-parent --new-session true` started the same way (asyncio,
+  piped output); cold_to_bare_ratio = cold_start_ms / bare_bwrap_ms (goal <= 2).
 - The staged run drives the gateway's real `Pipeline` (its stages, slots, credits and shard writer)
   with a synthetic sandbox: init (start) = run/2, harness (exec) = run, postrun (teardown) = run/4,
   16 sessions per RUN slot, credits answered at once as the orchestrator would.
   - with pool: the sandbox starts in INIT and waits started in READY (the pipeline as it runs).
   - without pool: the same work with the sandbox start paid inside the RUN slot (start is
-    instant, exec sleeps init + run), i.e. a gateway that starts a sandbox only once it may run.
+    instant, exec sleeps init + run), i.e. a gateway that starts a sandbox only once it may run,
+    with the same number of RUN slots. This is the serial ceiling, not a measurement of a rival:
+    such a slot can be at most run/(init+run) = 2/3 busy by construction, and a gateway without
+    a pool given more slots would start as many sandboxes at once as the pool does.
   run_slot_busy_* = harness (run) time / (RUN slots x span from first harness start to last end).
 - pooled_acquire_ms: with the pool, mean time from a RUN slot coming free (a harness ending) to
   the next session's harness command being issued in its already-started sandbox.
@@ -22,31 +32,70 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
+import shutil
 import statistics
 import tempfile
 import time
+from asyncio.subprocess import DEVNULL, PIPE
 from pathlib import Path
 
 from polar_hpc import wire
 from polar_hpc.config import PoolConfig, SandboxConfig, Task
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
 from polar_hpc.sandbox import ExecResult, Sandbox, backend
+from polar_hpc.sandbox.base import INSIDE
+from polar_hpc.sandbox.inside import ENV_PREFIX
 from polar_hpc.shards.writer import ShardWriter
 
 
-async def cold_start_ms(tmp: Path, n: int) -> tuple[float, str]:
+BARE = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "--die-with-parent",
+        "--new-session", "true"]
+
+
+async def cold_starts(tmp: Path, n: int) -> tuple[float, float, float, str]:
+    """(cold start ms, its CPU ms, bare bwrap ms, backend): medians of `n` each, taken in turns."""
     make, _ = backend(SandboxConfig(), tmp)
     (tmp / "agent.py").write_text("print('hi')\n")
-    spans, name = [], ""
+    spans, cpu, bare, name = [], [], [], ""
     for i in range(n):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
         sb = make(tmp / f"cold{i}", {"agent.py": str(tmp / "agent.py")}, [], "none")
         await sb.start()
         await sb.exec("true", {}, 30)
         spans.append(time.perf_counter() - t0)
+        cpu.append(_cpu_s() - c0)
         name = sb.name
         await sb.stop()
-    return 1000 * statistics.median(spans), name
+        if shutil.which("bwrap"):
+            t0 = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec(*BARE, stdout=PIPE, stderr=PIPE, stdin=DEVNULL)
+            await proc.communicate()
+            bare.append(time.perf_counter() - t0)
+    return (1000 * statistics.median(spans), 1000 * statistics.median(cpu),
+            1000 * statistics.median(bare) if bare else float("nan"), name)
+
+
+async def launcher_cpu_ms(tmp: Path, n: int) -> float:
+    """CPU ms of the sandbox's own launcher command line, run outside the sandbox."""
+    make, _ = backend(SandboxConfig(), tmp)
+    sb = make(tmp / "launcher", {}, [], "none")
+    argv = sb._launcher(["/bin/sh", "-c", "true"])
+    argv[1] = str(INSIDE)  # where the sandbox binds it, on the host
+    env = {"PATH": "/usr/bin:/bin", ENV_PREFIX + "PATH": "/usr/bin:/bin"}
+    cpu = []
+    for _ in range(n):
+        c0 = _cpu_s()
+        proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=DEVNULL)
+        await proc.wait()
+        cpu.append(_cpu_s() - c0)
+    return 1000 * statistics.median(cpu)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 class _Proxy(ProxyLink):
@@ -126,12 +175,17 @@ async def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="polar-bench-") as d:
         tmp = Path(d)
-        cold, name = await cold_start_ms(tmp, args.starts)
+        cold, cold_cpu, bare, name = await cold_starts(tmp, args.starts)
+        launcher = await launcher_cpu_ms(tmp, args.starts)
         busy_pool, acquire = await staged(tmp, args.run_s, args.slots, pooled=True)
         busy_nopool, _ = await staged(tmp, args.run_s, args.slots, pooled=False)
     print(f"backend {name}; {args.slots} RUN slots x 16 sessions, run {args.run_s}s, init run/2, postrun run/4")
     print(json.dumps({
         "cold_start_ms": round(cold, 2),
+        "cold_start_cpu_ms": round(cold_cpu, 2),
+        "launcher_cpu_ms": round(launcher, 2),
+        "bare_bwrap_ms": round(bare, 2),
+        "cold_to_bare_ratio": round(cold / bare, 2),
         "pooled_acquire_ms": round(acquire, 3),
         "run_slot_busy_with_pool": round(busy_pool, 3),
         "run_slot_busy_without_pool": round(busy_nopool, 3),

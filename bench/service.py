@@ -1,16 +1,23 @@
-"""Service mode: how fast trainers can submit tasks, and how long a weight update holds generation.
+"""Service mode: how fast trainers can submit tasks, and what a weight update adds to generation's pause.
 
 Starts a real orchestrator of a service run (over CURVE, as in a Slurm run) and a scripted engine
-it updates (`--engine-url`); no gateway, so submitted tasks stay queued. `submit_tasks_per_s`:
-N tasks submitted by one `Client` in batches of B, each answered (validated, journaled, queued).
-`weight_update_pause_ms`: the median, over U updates in `wait` mode, of the longest time the engine
-held generation while C calls of T tokens (delay D ms per token) were decoding: the update waits
-for them, so this is mostly the calls' remaining time. `weight_update_pause_abort_ms`: the same with
-the same C calls in flight, in `abort` mode (pause with abort, load, continue: the calls end at
-once, aborted). `idle_pause_ms`: wait mode with no call in flight (the protocol's own cost). The
-last line is one JSON object.
+it updates (`--engine-url`) whose update takes a set load time L (`--load-ms`, the engine's
+`--update-load-ms`: what loading the weights would take); no gateway, so submitted tasks stay queued.
+- `submit_tasks_per_s`: N tasks submitted by one `Client` in batches of B, each answered
+  (validated, journaled, queued).
+- A pause is the orchestrator's `pause_ms`: the longest time an engine held generation during the
+  update (pause, load, continue). Each figure is the median over U updates:
+  - `abort_pause_ms`: C calls of T tokens (D ms a token) half way through, mode `abort` (they end
+    at once, aborted; their harnesses would retry); `abort_added_ms` = that minus L: what
+    polar-hpc and the engine's protocol add to the load itself.
+  - `idle_pause_ms`, `idle_added_ms`: mode `wait` with no call in flight, and that minus L.
+  - `wait_pause_ms`: mode `wait` with the same C calls in flight: the update waits for them, so it
+    also holds their remaining decode time (about T x D / 2, set by the parameters, not by
+    polar-hpc); `wait_added_ms` = that minus L minus T x D / 2 (approximate: the calls' progress
+    at the update is not exact).
+The last line is one JSON object.
 
-    uv run python bench/service.py [--tasks 20000] [--batch 500] [--updates 5] [--calls 64]
+    uv run python bench/service.py [--tasks 20000] [--batch 500] [--updates 5] [--calls 64] [--load-ms 200]
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--delay-ms", type=float, default=20.0)
+    ap.add_argument("--load-ms", type=float, default=200.0, help="the engine's set load time per update")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp)
@@ -68,7 +76,8 @@ def main() -> None:
         try:
             ready = run_dir / ".engine.ready"
             children.append(procs.spawn("engine", ["engine", "--port", "0", "--ready-file", str(ready),
-                                                   "--token-delay-ms", str(args.delay_ms)], run_dir / "engine.log",
+                                                   "--token-delay-ms", str(args.delay_ms),
+                                                   "--update-load-ms", str(args.load_ms)], run_dir / "engine.log",
                                         security.engine_env(run_dir)))
             url = procs.wait_ready(children[-1], ready)["url"]
             children.append(procs.spawn("orchestrator", ["orchestrator", "--run-dir", str(run_dir), "--engine-url", url],
@@ -85,15 +94,26 @@ def main() -> None:
                 idle = asyncio.run(pauses_under_load(client, url, args, False))
         finally:
             procs.stop(children, grace_s=5.0)
-    print(f"{args.tasks} tasks submitted in {submit_s:.2f}s; pauses under load {[round(p, 1) for p in loaded]} ms, "
-          f"aborting {[round(p, 1) for p in aborting]} ms, idle {[round(p, 1) for p in idle]} ms")
+    load, decode_left = args.load_ms, args.tokens * args.delay_ms / 2
+    print(f"{args.tasks} tasks submitted in {submit_s:.2f}s; load {load:g} ms; pauses (ms): wait {_ms(loaded)}, "
+          f"abort {_ms(aborting)}, idle {_ms(idle)}")
+    wait, abort, still = (statistics.median(p) for p in (loaded, aborting, idle))
     print(json.dumps({
         "submit_tasks_per_s": round(args.tasks / submit_s, 1),
-        "weight_update_pause_ms": round(statistics.median(loaded), 1),
-        "weight_update_pause_abort_ms": round(statistics.median(aborting), 1),
-        "idle_pause_ms": round(statistics.median(idle), 1),
+        "load_ms": load,
+        "abort_pause_ms": round(abort, 1),
+        "abort_added_ms": round(abort - load, 1),
+        "idle_pause_ms": round(still, 1),
+        "idle_added_ms": round(still - load, 1),
+        "wait_pause_ms": round(wait, 1),
+        "wait_added_ms": round(wait - load - decode_left, 1),
+        "abort_to_load_ratio": round(abort / load, 3) if load else None,
         "calls_in_flight": args.calls,
     }))
+
+
+def _ms(pauses: list[float]) -> list[float]:
+    return [round(p, 1) for p in pauses]
 
 
 if __name__ == "__main__":

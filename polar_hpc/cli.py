@@ -325,6 +325,7 @@ def engine(
     weight_version: str = typer.Option("v0", help="Weight version the engine reports."),
     sample_log: Optional[Path] = typer.Option(None, help="Append one JSON line per generation."),
     token_delay_ms: float = typer.Option(0.0, help="Simulated time per generated token."),
+    update_load_ms: float = typer.Option(0.0, min=0.0, help="Simulated load time of a weight update."),
     context_length: Optional[int] = typer.Option(None, help="Longest prompt + output, in tokens (default 65536)."),
     model_name: str = typer.Option("polar-scripted", help="Model name the engine serves."),
 ) -> None:
@@ -350,6 +351,7 @@ def engine(
         weight_version=weight_version,
         sample_log=sample_log,
         token_delay_ms=token_delay_ms,
+        update_load_ms=update_load_ms,
         context_length=SCRIPTED_CONTEXT if context_length is None else context_length,
         model_name=model_name,
     )

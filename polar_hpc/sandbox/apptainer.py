@@ -68,6 +68,7 @@ class ApptainerSandbox(RunsAs):
     pid_namespace = True
     isolates_network = True
     python = "python3"
+    python_flags = ()  # the image's own python3, whatever its version
     inside = _INSIDE_AT
 
     def __init__(self, *args, settings: ApptainerSettings, **kwargs) -> None:

@@ -18,7 +18,9 @@ A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root
 Processes are found by three means: the process groups of the commands started, the environment
 marker `POLAR_SANDBOX_ID` every process inherits, and the sandbox's cgroup when there is one
 (cgroups.py: `cgroups` owns it, `cgroups.local()` by default; it also bounds the sandbox's CPU, and
-is frozen and killed whole before the per-process kill). Verification needs more than the marker
+is frozen and killed whole before the per-process kill; where no command can leave it,
+`cgroup_sealed` (bwrap: every command joins it before bwrap starts, /sys is read-only inside), its
+member list is complete and /proc is not scanned). Verification needs more than the marker
 (a daemon may clear its environment): a cgroup, or a backend whose commands run in their own PID
 namespace (`pid_namespace`).
 """
@@ -65,7 +67,9 @@ class Sandbox:
     name = "base"
     pid_namespace = False  # each command runs in its own PID namespace, gone when it exits
     isolates_network = False  # network none/proxy-only get a network namespace of their own
+    cgroup_sealed = False  # no command can leave the sandbox's cgroup (its cgroup files are read-only inside)
     python = sys.executable  # the sandbox's python3, which runs inside.py
+    python_flags: tuple[str, ...] = ("-I", "-S")  # stdlib only: no site hook, no PYTHON* variable; starts faster
     inside = str(INSIDE)  # inside.py, as the sandbox sees it
     proxy_socket_inside = "/run/polar/proxy.sock"
 
@@ -210,12 +214,16 @@ class Sandbox:
     # --- internals ------------------------------------------------------------------------------
 
     def _launcher(self, argv: list[str]) -> list[str]:
-        args = [self.python, self.inside, "--fsize", str(self.limits.max_file_bytes)]
+        return [self.python, *self.python_flags, self.inside, *self._launch_options(), "--", *argv]
+
+    def _launch_options(self) -> list[str]:
+        """inside.py's options for this sandbox (backends add theirs in front)."""
+        options = ["--fsize", str(self.limits.max_file_bytes)]
         if self.user_namespace:
-            args += ["--nproc", str(self.limits.max_pids)]
+            options += ["--nproc", str(self.limits.max_pids)]
         if self.relayed:
-            args += ["--relay", f"{RELAY_PORT}={self.proxy_socket_inside}"]
-        return args + ["--"] + argv
+            options += ["--relay", f"{RELAY_PORT}={self.proxy_socket_inside}"]
+        return options
 
     async def _watch(self, pid: int, deadline: float, pids_hits: int) -> tuple[bool, str | None]:
         """Wait for `pid` to exit or a limit to break: (timed out, the limit broken, if any).
@@ -263,6 +271,8 @@ class Sandbox:
 
     def _survivors(self) -> set[int]:
         found = set(self._cgroup.pids()) if self._cgroup else set()
+        if self._cgroup is not None and self.cgroup_sealed:  # the scan of /proc (ms) would find nothing more
+            return {p for p in found if (s := _stat(p)) is not None and s[0] != "Z"}
         needle = f"{MARKER}={self.marker}".encode()
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():

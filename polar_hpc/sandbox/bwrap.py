@@ -79,12 +79,11 @@ class BwrapSandbox(RunsAs):
     name = "bwrap"
     pid_namespace = True
     isolates_network = True
+    cgroup_sealed = True  # commands join the cgroup before bwrap starts; /sys/fs/cgroup is read-only inside
     inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
 
-    def _launcher(self, argv: list[str]) -> list[str]:
-        args = super()._launcher(argv)
-        args[2:2] = ["--prefixed-env"] + (["--user", "%d:%d" % self.run_as] if self.privileged else [])
-        return args
+    def _launch_options(self) -> list[str]:
+        return ["--prefixed-env"] + (["--user", "%d:%d" % self.run_as] if self.privileged else []) + super()._launch_options()
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         """bwrap runs on the host (as root for a root gateway): it gets the gateway's PATH and the

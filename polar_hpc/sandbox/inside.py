@@ -20,16 +20,15 @@
   (bwrap). What a task sets (LD_PRELOAD, PYTHONPATH, PATH...) then reaches only ARGV, after the
   drop, never the sandbox launcher or this script while they may still be root.
 
-Then it execs ARGV, so ARGV's exit status is the sandbox command's.
+Then it execs ARGV, so ARGV's exit status is the sandbox command's. It runs before every command
+(`python3 -I -S` where the backend allows), so it imports what an option needs only when that
+option is given: `os`, `resource` and `sys` always, `ctypes` for `--user` and `--relay`, `socket`
+and `threading` for `--relay`.
 """
 
-import ctypes
 import os
 import resource
-import signal
-import socket
 import sys
-import threading
 
 _PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP = 24
@@ -63,6 +62,8 @@ def main(argv):
 
 
 def _drop_to(uid, gid):
+    import ctypes
+
     libc = ctypes.CDLL(None, use_errno=True)
     cap = 0
     while libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:  # EINVAL past the last capability
@@ -81,6 +82,11 @@ def _drop_to(uid, gid):
 
 
 def _start_relay(port, path):
+    import ctypes
+    import signal
+    import socket
+    import threading
+
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -103,6 +109,9 @@ def _start_relay(port, path):
 
 
 def _serve(client, path):
+    import socket  # loaded already by _start_relay: these imports only bind the names
+    import threading
+
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         upstream.connect(path)
@@ -118,6 +127,8 @@ def _serve(client, path):
 
 
 def _pipe(src, dst):
+    import socket
+
     try:
         while True:
             data = src.recv(65536)

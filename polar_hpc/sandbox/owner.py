@@ -45,11 +45,11 @@ class RunsAs(Sandbox):
     def user_namespace(self) -> bool:  # as root, commands run as `run_as` outside any user namespace
         return not self.privileged
 
-    def _launcher(self, argv: list[str]) -> list[str]:
-        args = super()._launcher(argv)
+    def _launch_options(self) -> list[str]:
+        options = super()._launch_options()
         if self.privileged and self._cgroup is None:  # the one bound left, shared by every sandbox of run_as
-            args[2:2] = ["--nproc", str(self.limits.max_pids)]
-        return args
+            options[:0] = ["--nproc", str(self.limits.max_pids)]
+        return options
 
     async def _launch(self) -> None:
         for folder in (self.workspace, self.tmp, self.shm):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -94,3 +96,29 @@ def test_update_alone_waits_for_generations_in_flight(engine: str) -> None:
             assert answer["meta_info"]["weight_version"] == "v0"
 
     asyncio.run(scenario())
+
+
+def test_update_takes_the_set_load_time_with_the_door_closed(tmp_path: Path) -> None:
+    """`--update-load-ms`: an update answers no sooner than its load time, and a generation that
+    arrives meanwhile waits for it and runs on the new weights."""
+    proc, url, _ = start_engine(tmp_path, "engine", "--update-load-ms", "400")
+    try:
+        async def scenario() -> None:
+            async with aiohttp.ClientSession() as http:
+                t0 = time.monotonic()
+                update = asyncio.create_task(_post(http, url + "/update_weights_from_disk",
+                                                   {"model_path": "/tmp/w2", "weight_version": "v2"}))
+                await asyncio.sleep(0.1)
+                answer = await _last(http, url, "/generate", ASK, False)  # held at the door, then v2
+                assert (await update)["success"] and time.monotonic() - t0 >= 0.4
+                assert answer["meta_info"]["weight_version"] == "v2"
+
+        asyncio.run(scenario())
+    finally:
+        stop(proc)
+
+
+def test_a_negative_load_time_is_refused(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "polar_hpc", "engine", "--update-load-ms", "-1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "update-load-ms" in r.stderr and "Traceback" not in r.stderr

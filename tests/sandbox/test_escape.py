@@ -394,3 +394,23 @@ def _assert_network(report: dict, mode: str, engine: str, engine_at: str, orch_a
     # with the run's keys: the engine refuses a caller without its key, the control port a peer without CURVE
     assert report["post"][engine + "/generate"] == "ok:401", report["post"]
     assert report["zmq"][f"tcp://{orch_at}"] == "ok:no answer", report["zmq"]
+
+
+def test_a_daemon_that_tries_to_leave_its_cgroup_stays_in_it_and_dies_at_stop(tmp_path: Path) -> None:
+    """The bwrap teardown trusts the sandbox's cgroup to list every process (`cgroup_sealed`, no
+    /proc scan): a setsid daemon that writes itself into every cgroup.procs it can see must fail,
+    stay in the sandbox's cgroup and die with it."""
+    marker = f"5{os.getpid() % 100000:05d}7"
+    leave = ('for f in /sys/fs/cgroup/*/cgroup.procs /sys/fs/cgroup/cgroup.procs; do '
+             'echo $$ 2>/dev/null > "$f" && echo "left via $f"; done')
+
+    async def go():
+        sb = _box(tmp_path / "sb")
+        await sb.start()
+        assert sb.cgroup_sealed and sb._cgroup is not None
+        r = await sb.exec(f"setsid sh -c '{leave}; exec sleep {marker}' & sleep 1; sleep {marker}", {}, 3)
+        return r, await sb.stop()
+
+    r, clean = _run(go())
+    assert r.timed_out and b"left via" not in r.stdout, r
+    assert clean and not live_processes_matching(marker)

@@ -52,6 +52,7 @@ class ScriptedOptions:
     weight_version: str = "v0"
     sample_log: Path | None = None
     token_delay_ms: float = 0.0
+    update_load_ms: float = 0.0  # simulated load time of a weight update (weights.py)
     context_length: int = SCRIPTED_CONTEXT
     model_name: str = "polar-scripted"
 
@@ -64,12 +65,12 @@ def serve(options: ScriptedOptions) -> None:
         token_delay_ms=options.token_delay_ms, sample_log=options.sample_log,
     )
     try:
-        asyncio.run(_serve(options, build_app(model, os.environ.get(ENGINE_KEY_ENV))))
+        asyncio.run(_serve(options, build_app(model, os.environ.get(ENGINE_KEY_ENV), options.update_load_ms)))
     finally:
         model.close()
 
 
-def build_app(model: ScriptedModel, api_key: str | None = None) -> web.Application:
+def build_app(model: ScriptedModel, api_key: str | None = None, update_load_ms: float = 0.0) -> web.Application:
     app = web.Application(middlewares=[json_errors, require_key, generation_gate], client_max_size=64 * 2**20)
     app[MODEL] = model
     if api_key:
@@ -79,7 +80,7 @@ def build_app(model: ScriptedModel, api_key: str | None = None) -> web.Applicati
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/generate", generate)
     app.router.add_post("/v1/chat/completions", chat_completions)
-    add_weight_routes(app)
+    add_weight_routes(app, update_load_ms)
     return app
 
 

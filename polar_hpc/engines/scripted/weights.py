@@ -6,8 +6,10 @@
   `{"type": "abort", "message": ...}` (`"abort"` on /v1/chat/completions). Other modes let the
   running ones finish (no scheduler to freeze them in place).
 - POST /update_weights_from_disk `{"model_path", "weight_version"}`: like SGLang's write lock,
-  holds new requests at the door and waits until no generation is running, then records the folder
-  and the new version (no weights are read: this is not a model); answers `{"success": true,
+  holds new requests at the door and waits until no generation is running, then "loads" for the
+  engine's set load time (`add_routes(app, load_ms)`, `polar-hpc engine --update-load-ms`: no
+  weights are read, this is not a model, but a bench can tell that fixed time from what polar-hpc
+  adds around it) and records the folder and the new version; answers `{"success": true,
   "message", "num_paused_requests"}`. Every call that starts afterwards reports the new version.
 - POST /continue_generation: lets the waiting requests in.
 
@@ -32,7 +34,8 @@ ABORT_MESSAGE = "aborted by /pause_generation (mode abort)"
 class Gate:
     """Open/closed door for generation requests, a count of those inside, and their abort signal."""
 
-    def __init__(self) -> None:
+    def __init__(self, load_s: float = 0.0) -> None:
+        self.load_s = load_s  # an update's simulated load time, with the door closed
         self.open = asyncio.Event()
         self.open.set()
         self.idle = asyncio.Event()
@@ -83,8 +86,8 @@ async def generation_gate(request: web.Request, handler: Any) -> web.StreamRespo
             gate.idle.set()
 
 
-def add_routes(app: web.Application) -> None:
-    app[GATE] = Gate()
+def add_routes(app: web.Application, load_ms: float = 0.0) -> None:
+    app[GATE] = Gate(load_ms / 1000)
     app.router.add_post("/pause_generation", pause_generation)
     app.router.add_post("/continue_generation", continue_generation)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
@@ -122,6 +125,7 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     gate.open.clear()
     try:
         await gate.idle.wait()
+        await asyncio.sleep(gate.load_s)
         gate.model_path = path
         if version is not None:
             model.weight_version = version
