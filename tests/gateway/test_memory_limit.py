@@ -24,7 +24,7 @@ def _assign(orch: _Orchestrator, task_id: str, command: str, memory_mb: int | No
 
 
 @pytest.mark.timeout(180)
-def test_a_session_over_its_memory_limit_ends_error_and_only_it(orchestrator: _Orchestrator) -> None:
+def test_a_session_over_its_memory_limit_ends_error_and_only_it(orchestrator: _Orchestrator) -> None:  # noqa: F811
     gateway = orchestrator.start_gateway()
     _assign(orchestrator, "hog", HOG, 64)
     _assign(orchestrator, "within", "python3 -c 'b = bytearray(16 << 20)' && sleep 2", 64)
