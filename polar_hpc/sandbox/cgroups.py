@@ -61,8 +61,8 @@ def _trees() -> list[_Tree]:
     v1 = [t for t in v1 if (t.root / "cgroup.procs").exists()]
     if v1 and v1[0].controllers == ("pids",):
         own = _own_group("memory")
-        memory = CGROUP_ROOT / "memory" / own
-        return v1 + ([_Tree(memory, ("memory",), False)] if own is not None and (memory / "cgroup.procs").exists() else [])
+        memory = [_Tree(CGROUP_ROOT / "memory" / own, ("memory",), False)] if own is not None else []
+        return v1 + [t for t in memory if (t.root / "cgroup.procs").exists()]
     for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
         try:
             available = (root / "cgroup.controllers").read_text().split()
