@@ -68,6 +68,9 @@ def test_pull_resumes_waits_reuses_and_the_run_uses_the_image(tmp_path: Path, re
     again = polar("image", "pull", suite, "--cache", cache)
     assert again.returncode == 0 and " cached " in again.stdout, again.stdout + again.stderr
 
+    check = polar("tasks", "check", suite, env=os.environ | {"POLAR_IMAGE_CACHE": str(cache)})
+    assert f"docker://{image.reference} (pulled: rootfs)" in check.stdout, check.stdout + check.stderr
+
     topology = tmp_path / "topology.yaml"
     topology.write_text("sandbox: {backend: bwrap}\n")
     assert not Path("/etc/polar-image").exists()
