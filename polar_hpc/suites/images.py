@@ -103,13 +103,18 @@ def use_cached(tasks: list[Task], cache: Path | None = None) -> list[Task]:
     """Each task whose image reference was pulled into `cache`, pointed at its entry (the reference
     and digest kept in metadata.image); the others as they are."""
     cache = cache or cache_dir()
-    out = []
+    out, entries = [], {}  # image -> its entry (looked up once per image)
     for task in tasks:
-        digest = _cached_digest(cache, task.sandbox.image) if task.sandbox.image else None
-        entry = entry_path(cache, digest) if digest else None
-        if entry is None or not entry.exists():
+        image = task.sandbox.image
+        if image and image not in entries:
+            digest = _cached_digest(cache, image)
+            entry = entry_path(cache, digest) if digest else None
+            entries[image] = (digest, entry) if entry and entry.exists() else None
+        found = entries.get(image or "")
+        if found is None:
             out.append(task)
             continue
+        digest, entry = found
         box = task.sandbox.model_copy(update={"image": str(entry)})
         meta = task.metadata | {"image": {"reference": task.sandbox.image, "digest": digest}}
         out.append(task.model_copy(update={"sandbox": box, "metadata": meta}))
