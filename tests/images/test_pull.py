@@ -3,7 +3,8 @@ root filesystem (bubblewrap): the image is fetched once into a cache keyed by di
 midway leaves no entry and the rerun completes from the blobs it kept; a second pull of the same
 image while one is under way waits for it and reuses its entry; the oracle's session runs inside
 the image (a file only the image has) and scores 1.0; a bad reference and an unreachable registry
-are named with the task's file and line (exit 2), and what could be pulled is pulled."""
+are named with the task's file and line (exit 2), and what could be pulled is pulled; with
+`apptainer` on PATH (a stand-in: none is installed here) the entry is the SIF it builds."""
 
 from __future__ import annotations
 
@@ -106,3 +107,23 @@ def test_bad_and_unreachable_references_are_named_and_the_rest_pulled(tmp_path: 
     for name in ("upper", "option"):
         assert f"{bad / name / 'task.toml'}:5: environment.docker_image: not an image reference" in r.stderr
     assert not (tmp_path / "cache2").exists(), "nothing is fetched from a suite that does not load"
+
+
+def test_with_apptainer_the_entry_is_a_sif_built_from_the_layout(tmp_path: Path, registry: Registry,
+                                                                image: Image) -> None:
+    """A stand-in `apptainer` (none is installed here) records its arguments and writes the SIF."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/called\necho SIF > "$3"\n')
+    (bin_dir / "apptainer").chmod(0o755)
+    suite = harbor_task(tmp_path / "suite" / "t", image.reference, image.marker).parent
+    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}", "POLAR_IMAGE_CACHE": str(tmp_path / "cache")}
+    r = polar("image", "pull", suite, env=env)
+    assert r.returncode == 0 and " sif " in r.stdout, r.stdout + r.stderr
+    [sif] = (tmp_path / "cache").glob("sha256-*.sif")
+    partial = tmp_path / "cache" / "partial" / sif.stem
+    assert (tmp_path / "called").read_text().split() == ["build", "--force", str(partial / "image.sif"),
+                                                         f"oci:{partial / 'oci'}:image"]
+    assert sif.read_text() == "SIF\n" and not partial.exists()
+    check = polar("tasks", "check", suite, env=env)
+    assert "(pulled: sif)" in check.stdout, check.stdout
