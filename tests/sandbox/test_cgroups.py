@@ -1,6 +1,8 @@
 """Per-sandbox cgroups (sandbox/cgroups.py) on real bwrap sandboxes and real processes: the CPU
 quota holds a spinner pool, a kill (freeze, SIGKILL, thaw) ends a running fork bomb whole, and an
-owner's close and a run's sweep remove every process and folder of theirs, never another run's.
+owner's close and a run's sweep remove every process and folder of theirs, never another run's;
+a memory cgroup nests in this process's own, its OOM kill is reported as the memory limit, and
+without one RLIMIT_AS bounds each process (and the log says so).
 
 A test that fails still leaves no bomb behind: each sweeps its own run's cgroups when it ends.
 """
