@@ -21,7 +21,7 @@ app = typer.Typer(
 
 shards_app = typer.Typer(help="Read the trajectory shards of a run.", no_args_is_help=True)
 app.add_typer(shards_app, name="shards")
-image_app = typer.Typer(help="Apptainer images for clusters (definitions in containers/).", no_args_is_help=True)
+image_app = typer.Typer(help="Images: build ours (containers/), pull a suite's task environments.", no_args_is_help=True)
 app.add_typer(image_app, name="image")
 tasks_app = typer.Typer(help="Task files and suites (Harbor task folders, SWE-bench datasets).", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
@@ -300,6 +300,20 @@ def image_build(
 
     out = output or Path(f"{Path(name).stem}.sif")
     raise typer.Exit(_guard(lambda: images.build(name, out.resolve(), fakeroot), (images.ImageError,)))
+
+
+@image_app.command("pull")
+def image_pull(
+    suite: Path = typer.Argument(..., help=_TASKS_HELP),
+    cache: Optional[Path] = typer.Option(None, help="Image cache (default: $POLAR_IMAGE_CACHE, else ~/.cache/polar-hpc/images)."),
+) -> None:
+    """Fetch each image a suite's tasks name once into the cache, keyed by digest (login node)."""
+    from rich.console import Console
+
+    from polar_hpc.suites import images
+
+    _guard(lambda: images.pull_suite(suite, (cache or images.cache_dir()).absolute(), Console(width=160)),
+           (images.ImageError,))
 
 
 @tasks_app.command("check")

@@ -18,7 +18,7 @@ task's tests and solution folders; once the harness has run, its workspace diff 
 its own sandbox) into the trajectory's metadata (`workspace_diff`: bytes, encoding utf-8 or
 base64, data; or `workspace_diff_error`), and the evaluator applies it in the fresh sandbox,
 where the tests arrive only then. `evaluation_timings` holds fresh_start_s, capture_s, apply_s
-and tests_s. A task's `sandbox.storage_mb` lowers the sandbox's disk limit.
+and tests_s. A task's `sandbox.storage_mb` lowers the sandbox's disk limit, `memory_mb` bounds its memory.
 """
 
 from __future__ import annotations
@@ -189,6 +189,8 @@ class Pipeline:
             sandbox.limits = dataclasses.replace(sandbox.limits, max_disk_bytes=disk)
         if box.cpus is not None:  # the CPU quota of the sandbox's cgroup, within the topology's max_cpus
             sandbox.limits = dataclasses.replace(sandbox.limits, max_cpus=min(sandbox.limits.max_cpus, box.cpus))
+        if box.memory_mb is not None:  # its memory cgroup's limit (else RLIMIT_AS): sandbox/cgroups.py
+            sandbox.limits = dataclasses.replace(sandbox.limits, max_memory_bytes=box.memory_mb << 20)
         return sandbox
 
     async def _start_fresh(self, task: Task, outcome: _Outcome) -> Sandbox:

@@ -28,6 +28,7 @@ namespace (`pid_namespace`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import secrets
 import shutil
@@ -46,6 +47,7 @@ MARKER = "POLAR_SANDBOX_ID"
 RELAY_PORT = 47111  # where a harness without network finds its proxy: http://127.0.0.1:47111
 INSIDE = Path(__file__).with_name("inside.py")
 _WATCH_S = 0.5
+log = logging.getLogger("polar_hpc.sandbox")
 
 
 @dataclass
@@ -122,6 +124,9 @@ class Sandbox:
         self.tmp.mkdir(parents=True, exist_ok=True)
         if self.limits.use_cgroup:
             self._cgroup = (self._cgroups or cg.local()).create(f"sb-{self.marker}", self.limits)
+        if self.limits.max_memory_bytes is not None and not self._memory_cgroup:
+            log.warning("sandbox %s: no memory cgroup can be made here: its memory bound (%d bytes) is "
+                        "RLIMIT_AS per process", self.marker, self.limits.max_memory_bytes)
         await self._launch()
         for dest, src in self.files.items():
             await self.upload(Path(src), dest)
@@ -144,7 +149,7 @@ class Sandbox:
     ) -> ExecResult:
         """Run `command` (via /bin/sh -c) in the workspace; kill its whole tree at the timeout."""
         cap = self.limits.max_output if max_output is None else max_output
-        hits = self._pids_limit_hits()
+        hits = self._limit_hits()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self._joined(self._wrap(self._launcher(["/bin/sh", "-c", command]))),
@@ -221,27 +226,29 @@ class Sandbox:
         options = ["--fsize", str(self.limits.max_file_bytes)]
         if self.user_namespace:
             options += ["--nproc", str(self.limits.max_pids)]
+        if self.limits.max_memory_bytes is not None and not self._memory_cgroup:
+            options += ["--as", str(self.limits.max_memory_bytes)]
         if self.relayed:
             options += ["--relay", f"{RELAY_PORT}={self.proxy_socket_inside}"]
         return options
 
-    async def _watch(self, pid: int, deadline: float, pids_hits: int) -> tuple[bool, str | None]:
+    async def _watch(self, pid: int, deadline: float, hits: tuple[int, int]) -> tuple[bool, str | None]:
         """Wait for `pid` to exit or a limit to break: (timed out, the limit broken, if any).
 
-        A command that exits after a fork failed at the pids limit is reported as breaking it.
+        A command that exits after a fork failed at the pids limit, or after the OOM killer killed
+        one of its processes at the memory cgroup's limit, is reported as breaking it.
         """
-        pids_limit = f"process limit reached (max_pids={self.limits.max_pids})"
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return True, None
             try:
                 await asyncio.wait_for(_exited(pid), min(left, _WATCH_S))
-                return False, pids_limit if self._pids_limit_hits() > pids_hits else None
+                return False, self._broken(hits)
             except asyncio.TimeoutError:
                 pass
-            if self._pids_limit_hits() > pids_hits:
-                return False, pids_limit
+            if broken := self._broken(hits):
+                return False, broken
             if await asyncio.to_thread(_disk_usage, self.root) > self.limits.max_disk_bytes:
                 return False, f"disk limit exceeded (max_disk_bytes={self.limits.max_disk_bytes})"
 
@@ -265,9 +272,20 @@ class Sandbox:
     def _joined(self, argv: list[str]) -> list[str]:
         return self._cgroup.wrap(argv) if self._cgroup else argv
 
-    def _pids_limit_hits(self) -> int:
-        """How many forks the sandbox's pids cgroup has refused so far (0 without one)."""
-        return self._cgroup.pids_limit_hits() if self._cgroup else 0
+    @property
+    def _memory_cgroup(self) -> bool:
+        return self._cgroup is not None and self._cgroup.memory_bounded
+
+    def _limit_hits(self) -> tuple[int, int]:
+        """Forks the pids cgroup refused and processes the memory cgroup's OOM killer killed, so far."""
+        return (self._cgroup.pids_limit_hits(), self._cgroup.oom_kills()) if self._cgroup else (0, 0)
+
+    def _broken(self, before: tuple[int, int]) -> str | None:
+        """The cgroup limit broken since `before` (`_limit_hits()`), if any."""
+        pids, ooms = self._limit_hits()
+        if ooms > before[1]:
+            return f"memory limit exceeded (memory_mb={(self.limits.max_memory_bytes or 0) >> 20})"
+        return f"process limit reached (max_pids={self.limits.max_pids})" if pids > before[0] else None
 
     def _survivors(self) -> set[int]:
         found = set(self._cgroup.pids()) if self._cgroup else set()

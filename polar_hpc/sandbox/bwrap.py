@@ -8,6 +8,12 @@ directory, with its shards and keys) are covered by small empty tmpfs mounts (th
 already behind the private /tmp); the folders holding the interpreter and the PATH entries that
 live under /tmp, /root or /home are bound back read-only (`shown_dirs`).
 
+With an image (`image` a root filesystem folder: an entry of `polar-hpc image pull`), the host's
+tree is not shown at all: / is an empty tmpfs holding the image's top-level entries (folders and
+files bound read-only, links recreated, none followed on the host), then /dev, /proc, /tmp, /run
+and the workspace as above, and / is made read-only; the sandbox's python3 and PATH are the
+image's. A workspace whose top-level folder the image also has cannot be mounted (bwrap fails).
+
 Who it runs as (owner.py): a gateway that is not root runs bwrap in a user namespace, where bwrap
 drops every capability; the command's host uid is the gateway's. A gateway running as root (as in
 CI) runs bwrap without a user namespace and with only the capabilities to change user, and
@@ -35,6 +41,8 @@ from polar_hpc.sandbox.inside import ENV_PREFIX
 from polar_hpc.sandbox.owner import RunsAs
 
 HOMES = ("/root", "/home")
+IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a command's PATH in an image
+_OURS = ("dev", "proc", "tmp", "run")  # what the sandbox mounts itself, never taken from an image
 _COVER_BYTES = 1 << 20  # an empty cover only holds mount points
 _SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # all inside.py needs to drop to `run_as`
 
@@ -85,27 +93,30 @@ class BwrapSandbox(RunsAs):
     def _launch_options(self) -> list[str]:
         return ["--prefixed-env"] + (["--user", "%d:%d" % self.run_as] if self.privileged else []) + super()._launch_options()
 
+    @property
+    def rootfs(self) -> Path | None:
+        """The task's image as a root filesystem folder, or None: the host's root, read-only."""
+        return Path(self.image) if self.image and os.path.isdir(self.image) else None
+
+    def _launcher(self, argv: list[str]) -> list[str]:
+        args = super()._launcher(argv)
+        if self.rootfs:
+            args[0] = "python3"  # the image's
+        return args
+
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         """bwrap runs on the host (as root for a root gateway): it gets the gateway's PATH and the
         command's variables only as POLAR_ENV_*, which `inside.py --prefixed-env` restores for the
         command alone, so a task's LD_PRELOAD, PATH or PYTHONPATH cannot run code before the drop."""
         command = super()._environment(env) | {"TMPDIR": "/tmp"}
+        if self.rootfs and "PATH" not in env:
+            command["PATH"] = IMAGE_PATH
         own = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", MARKER: command[MARKER]}
         return own | {ENV_PREFIX + k: v for k, v in command.items()}
 
     def _wrap(self, argv: list[str]) -> list[str]:
-        ws, tmp = str(self.workspace), str(self.tmp)
-        args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        for folder in (Path("/run"), *map(Path, HOMES), self.root.parent, *self.hidden):
-            if not folder.is_relative_to("/tmp") and folder.is_dir():  # other sessions; the run dir
-                args += _cover(folder)
-        args += ["--bind", tmp, "/tmp"]
-        shown = shown_dirs()
-        for path in shown:
-            args += _traversable(path) + ["--ro-bind", path, path]
-        for folder in (self.root.parent, *self.hidden):  # e.g. a run dir inside a checkout under /tmp
-            if any(folder.is_relative_to(top) for top in shown) and folder.is_dir():
-                args += _cover(folder)
+        ws = str(self.workspace)
+        args = ["bwrap", *(_image_root(self.rootfs, self.tmp) if self.rootfs else self._host_root())]
         args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
         args += ["--perms", "0755", "--dir", "/run/polar", "--ro-bind", str(INSIDE), self.inside]
         args += _traversable(ws) + ["--bind", ws, ws, "--chdir", ws]
@@ -119,4 +130,33 @@ class BwrapSandbox(RunsAs):
         args += ["--die-with-parent", "--new-session"]
         if self.relayed:
             args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
-        return args + ["--"] + argv
+        return args + (["--remount-ro", "/"] if self.rootfs else []) + ["--"] + argv
+
+    def _host_root(self) -> list[str]:
+        """The host's root read-only, with the covers and the folders shown back described above."""
+        args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        for folder in (Path("/run"), *map(Path, HOMES), self.root.parent, *self.hidden):
+            if not folder.is_relative_to("/tmp") and folder.is_dir():  # other sessions; the run dir
+                args += _cover(folder)
+        args += ["--bind", str(self.tmp), "/tmp"]
+        shown = shown_dirs()
+        for path in shown:
+            args += _traversable(path) + ["--ro-bind", path, path]
+        for folder in (self.root.parent, *self.hidden):  # e.g. a run dir inside a checkout under /tmp
+            if any(folder.is_relative_to(top) for top in shown) and folder.is_dir():
+                args += _cover(folder)
+        return args
+
+
+def _image_root(rootfs: Path, tmp: Path) -> list[str]:
+    """/ as a tmpfs holding `rootfs`'s top-level entries (bound read-only; links recreated, not followed)."""
+    args = []
+    with os.scandir(rootfs) as entries:
+        for e in sorted(entries, key=lambda e: e.name):
+            if e.name in _OURS:
+                continue
+            if e.is_symlink():
+                args += ["--symlink", os.readlink(e.path), f"/{e.name}"]
+            elif e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False):
+                args += ["--ro-bind", e.path, f"/{e.name}"]
+    return args + ["--dev", "/dev", "--proc", "/proc", "--bind", str(tmp), "/tmp", "--perms", "0755", "--tmpfs", "/run"]

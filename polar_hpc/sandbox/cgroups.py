@@ -1,4 +1,4 @@
-"""Per-sandbox cgroups: a process bound, a CPU bound, and a kill that a fork bomb cannot outrun.
+"""Per-sandbox cgroups: a process, CPU and memory bound, and a kill that a fork bomb cannot outrun.
 
 Layout: `polar-hpc/OWNER/sb-MARKER` in each cgroup v1 hierarchy used (`pids`, and where mounted
 `cpu` and `freezer`), or in a cgroup v2 tree with the pids (and cpu) controller available. OWNER is
@@ -11,6 +11,13 @@ was reused. What each sandbox gets:
   its proxy: each in its own session, so its own autogroup), however many sandboxes and processes
   spin (each bwrap command used to be an autogroup of its own, so N spinning sandboxes outweighed
   the gateway N to 1);
+- memory (only for a sandbox with `max_memory_bytes`): v1 `memory.limit_in_bytes` (and
+  `memory.memsw.limit_in_bytes` where swap is accounted), in `polar-hpc/OWNER/sb-MARKER` NESTED
+  under the memory cgroup the creating process itself is in (as /proc/self/cgroup names it), so a
+  sandbox's memory still counts against the gateway's own group and the machine's accounting;
+  the OOM killer acts inside it, and `oom_kills()` counts its kills. Without a v1 memory hierarchy
+  (cgroup v2: its tree here sits at the root) or where the folder cannot be made or bounded,
+  `memory_bounded` is False and the sandbox falls back to RLIMIT_AS (base.py);
 - `wrap(argv)`: a command that joins the cgroup, then execs `argv` (a shell does it, so no Python
   runs between fork and exec in the gateway, which has threads);
 - `kill()`: freeze (v1 freezer; v2 `cgroup.kill`, else `cgroup.freeze`), SIGKILL every member,
@@ -19,7 +26,6 @@ was reused. What each sandbox gets:
 owner; `sweep()` (a gateway's start) does the same for the owners of the same run whose process is
 gone, never another run's. Only pids is required: without a usable pids hierarchy (not root and
 no delegation, as on clusters) `create` returns None and RLIMIT_NPROC is the process bound left.
-The memory controller is not used.
 """
 
 from __future__ import annotations
@@ -45,16 +51,18 @@ _PERIOD_US = 100_000
 @dataclass(frozen=True)
 class _Tree:
     root: Path  # a v1 hierarchy's mount, or a v2 tree's root
-    controllers: tuple[str, ...]  # what it bounds here, among pids, cpu, freezer
+    controllers: tuple[str, ...]  # what it bounds here, among pids, cpu, freezer, memory
     v2: bool
 
 
 def _trees() -> list[_Tree]:
-    """The hierarchies a sandbox's cgroups go in: v1 pids (+ cpu, freezer), else a v2 tree with pids."""
+    """The hierarchies a sandbox's cgroups go in: v1 pids (+ cpu, freezer, memory), else a v2 tree with pids."""
     v1 = [_Tree(CGROUP_ROOT / c, (c,), False) for c in ("pids", "cpu", "freezer")]
     v1 = [t for t in v1 if (t.root / "cgroup.procs").exists()]
     if v1 and v1[0].controllers == ("pids",):
-        return v1
+        own = _own_group("memory")
+        memory = [_Tree(CGROUP_ROOT / "memory" / own, ("memory",), False)] if own is not None else []
+        return v1 + [t for t in memory if (t.root / "cgroup.procs").exists()]
     for root in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
         try:
             available = (root / "cgroup.controllers").read_text().split()
@@ -91,6 +99,16 @@ class Cgroup:
             return [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
         except OSError:
             return []
+
+    @property
+    def memory_bounded(self) -> bool:
+        return self._folder("memory") is not None
+
+    def oom_kills(self) -> int:
+        """How many processes the OOM killer has killed in it for its memory limit so far."""
+        folder = self._folder("memory")
+        fields = _read(folder / "memory.oom_control").split() if folder else []
+        return int(fields[fields.index("oom_kill") + 1]) if "oom_kill" in fields[:-1] else 0
 
     def pids_limit_hits(self) -> int:
         """How many forks the pids limit has refused so far."""
@@ -154,6 +172,8 @@ class Cgroups:
         """A new cgroup `name` bounded by `limits`, or None when no pids cgroup can be made here."""
         folders: list[tuple[_Tree, Path]] = []
         for tree in _trees():
+            if "memory" in tree.controllers and limits.max_memory_bytes is None:
+                continue
             folder = tree.root / PARENT / self.owner / name
             try:
                 _prepare(tree, folder.parent)
@@ -163,9 +183,11 @@ class Cgroups:
                     return None
                 continue
             folders.append((tree, folder))
-            if not _bound(tree, folder, limits) and "pids" in tree.controllers:
-                Cgroup(folders).remove()
-                return None
+            if not _bound(tree, folder, limits):
+                if "pids" in tree.controllers:
+                    Cgroup(folders).remove()
+                    return None
+                Cgroup([folders.pop()]).remove()  # an unbounded memory folder: RLIMIT_AS instead
         return Cgroup(folders) if folders else None
 
     def close(self) -> int:
@@ -232,7 +254,11 @@ def _prepare(tree: _Tree, owner: Path) -> None:
 
 
 def _bound(tree: _Tree, folder: Path, limits: Limits) -> bool:
-    """Write the sandbox's bounds; False when its process bound cannot be set."""
+    """Write the sandbox's bounds; False when its process (or memory) bound cannot be set."""
+    if "memory" in tree.controllers:
+        limit = str(limits.max_memory_bytes)  # memsw (memory + swap) may not be below it: set it second
+        memsw = folder / "memory.memsw.limit_in_bytes"
+        return _write(folder / "memory.limit_in_bytes", limit) and (not memsw.exists() or _write(memsw, limit))
     if "cpu" in tree.controllers:
         quota = max(1000, int(limits.max_cpus * _PERIOD_US))
         if tree.v2:
@@ -241,6 +267,19 @@ def _bound(tree: _Tree, folder: Path, limits: Limits) -> bool:
             _write(folder / "cpu.cfs_period_us", str(_PERIOD_US))
             _write(folder / "cpu.cfs_quota_us", str(quota))
     return "pids" not in tree.controllers or _write(folder / "pids.max", str(limits.max_pids))
+
+
+def _own_group(controller: str) -> str | None:
+    """This process's cgroup in the v1 hierarchy of `controller`, relative ('' at the root), or None."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path.lstrip("/")
+    return None
 
 
 def _start_time(pid: int) -> str:

@@ -1,12 +1,14 @@
 """Runs INSIDE a sandbox, under the sandbox's own python3 (stdlib only): limits, proxy relay, exec.
 
-    python3 inside.py [--nproc N] [--fsize BYTES] [--user UID:GID] [--relay PORT=SOCKET] [--prefixed-env]
+    python3 inside.py [--nproc N] [--fsize BYTES] [--as BYTES] [--user UID:GID] [--relay PORT=SOCKET] [--prefixed-env]
                       -- ARGV...
 
 - `--nproc N`: RLIMIT_NPROC. Inside a fresh user namespace (bwrap, apptainer) the kernel counts
   only this sandbox's processes against it, so it bounds a fork bomb; it is not enforced for a
   process whose user is root outside every namespace (there the gateway uses a pids cgroup).
 - `--fsize BYTES`: RLIMIT_FSIZE, the largest file any process may write (`yes > file` stops there).
+- `--as BYTES`: RLIMIT_AS, each process's address space (the memory bound where no memory cgroup
+  can be made: an allocation past it fails).
 - `--user UID:GID` (started as host root, as bwrap does for a root gateway): drop to that host
   uid and gid for good: no supplementary groups, an empty capability bounding set, no_new_privs
   (setuid binaries cannot give root back); it exits 126 unless /proc/self/status then shows
@@ -49,6 +51,8 @@ def main(argv):
             resource.setrlimit(resource.RLIMIT_NPROC, (int(value), int(value)))
         elif flag == "--fsize":
             resource.setrlimit(resource.RLIMIT_FSIZE, (int(value), int(value)))
+        elif flag == "--as":
+            resource.setrlimit(resource.RLIMIT_AS, (int(value), int(value)))
         elif flag == "--user":
             user = tuple(int(n) for n in value.split(":"))
         elif flag == "--relay":

@@ -7,6 +7,9 @@ Where each bound is enforced (docs/sandbox.md has the table):
   for host root (a root gateway's harnesses run as `run_as` outside any user namespace: owner.py).
 - CPU: `max_cpus` CPUs through the sandbox's cpu cgroup, all sandboxes weighted low against the
   gateway and its proxy (cgroups.py); none without a cgroup (the session's deadline remains).
+- memory: `max_memory_bytes` (None: unbounded) through the sandbox's memory cgroup, nested in the
+  gateway's own (cgroups.py; the OOM killer acts inside it and the command is reported as breaking
+  the limit); without one, RLIMIT_AS per process inside the sandbox (a malloc past it fails).
 - one file's size: RLIMIT_FSIZE (every backend).
 - the session's disk: the sandbox folder's size (its /dev/shm included: bwrap and apptainer bind
   the folder's `shm/` there), checked every 0.5 s while a command runs.
@@ -25,4 +28,5 @@ class Limits:
     max_disk_bytes: int = 4 << 30
     max_output: int = 1 << 20
     max_cpus: float = 1.0
+    max_memory_bytes: int | None = None
     use_cgroup: bool = True  # False: rely on RLIMIT_NPROC (as on clusters without delegation)

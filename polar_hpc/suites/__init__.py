@@ -8,6 +8,7 @@
   into each task's) applied to every task of that suite;
 - anything else: our own YAML / JSONL task files (config.load_tasks).
 Bad input raises ConfigError naming file, line (or row) and field; duplicate ids are refused.
+A task whose image was pulled (`polar-hpc image pull`, suites.images) runs in the cached entry.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from polar_hpc.config import (
     validate_data,
 )
 from polar_hpc.config_files import MAX_YAML_BYTES, read_text, read_yaml
-from polar_hpc.suites import harbor, swebench
+from polar_hpc.suites import harbor, images, swebench
 
 ORACLE = HarnessSpec(kind="oracle")
 _REFERENCE = re.compile(r"^suite\s*:", re.M)
@@ -46,7 +47,13 @@ class SuiteRef(BaseModel):
     metadata: dict[str, Any] = {}
 
 
-def load(path: Path) -> list[Task]:
+def load(path: Path, cached_images: bool = True) -> list[Task]:
+    """The tasks of `path`; with `cached_images`, each pulled image replaced by its cache entry."""
+    tasks = _load(path)
+    return images.use_cached(tasks) if cached_images else tasks
+
+
+def _load(path: Path) -> list[Task]:
     if path.is_dir():
         tasks = harbor.load(path, ORACLE)
     elif swebench.is_dataset(path):

@@ -23,7 +23,9 @@ def show(path: Path, console: Console) -> None:
 
 
 def _environment(task: Task) -> str:
-    box = task.sandbox
+    box, pulled = task.sandbox, task.metadata.get("image")
+    if pulled:
+        return f"{pulled['reference']} (pulled: {Path(box.image or '').suffix[1:]})"
     return box.image or f"host + {len(box.files)} file(s)"
 
 

@@ -4,7 +4,8 @@
 is a task). A task folder holds:
 - `instruction.md`: the instruction (UTF-8, at most MAX_INSTRUCTION_BYTES);
 - `task.toml`: `[agent] timeout_sec` (the session's timeout_s), `[verifier] timeout_sec` (the
-  tests' timeout), `[environment] docker_image` (the sandbox image), `cpus`, `memory_mb`,
+  tests' timeout), `[environment] docker_image` (a registry reference: the sandbox image
+  `docker://CANONICAL`, its file and line kept as metadata.image_source for `image pull`), `cpus`, `memory_mb`,
   `storage_mb` (the sandbox's resources), `[metadata]` (kept in the task's metadata); other keys
   are Harbor's and ignored;
 - `environment/`: a Dockerfile or `docker_image` (at least one); `environment/workspace/`, if
@@ -38,6 +39,7 @@ from polar_hpc.config import (
     resolve_source,
 )
 from polar_hpc.config_files import read_text
+from polar_hpc.suites import images
 
 MAX_INSTRUCTION_BYTES = 1 << 20
 MAX_TOML_BYTES = 1 << 20
@@ -115,7 +117,7 @@ def load_task(folder: Path, harness: HarnessSpec) -> Task:
         problems.append(f"{folder}: the folder's name is the task id: 1-256 of A-Z a-z 0-9 . _ - : @ + = /, "
                         "starting with a letter, digit or _")
     instruction = _instruction(folder, problems)
-    toml = _task_toml(folder, problems)
+    toml, toml_text = _task_toml(folder, problems)
     tests = source("tests", "tests")
     if tests is not None:
         source("tests/test.sh", "tests/test.sh")
@@ -124,7 +126,13 @@ def load_task(folder: Path, harness: HarnessSpec) -> Task:
         source("solution/solve.sh", "solution/solve.sh")
     files = _workspace(folder, source)
     image = toml.environment.docker_image if toml else None
-    if not image and toml is not None:
+    image_source = f"{folder / 'task.toml'}:{_toml_line(toml_text, ('environment', 'docker_image'))}: environment.docker_image"
+    if image:
+        try:
+            image = images.parse(image).transport
+        except ValueError as e:
+            problems.append(f"{image_source}: {e}")
+    elif toml is not None:
         source("environment/Dockerfile", "environment: neither a Dockerfile nor task.toml's environment.docker_image")
     if harness.kind == "oracle" and solution is None and not problems:
         problems.append(f"{folder}/solution/solve.sh: missing, and `harness: oracle` runs it")
@@ -139,7 +147,7 @@ def load_task(folder: Path, harness: HarnessSpec) -> Task:
         evaluator=TestsEvaluator(kind="tests", dir=tests, timeout_s=toml.verifier.timeout_sec),
         solution=TaskSolution(dir=solution) if solution else None,
         metadata={"suite": "harbor", "task_dir": str(folder.absolute())} | (
-            {"harbor": toml.metadata} if toml.metadata else {}),
+            {"harbor": toml.metadata} if toml.metadata else {}) | ({"image_source": image_source} if image else {}),
     )
 
 
@@ -156,26 +164,27 @@ def _instruction(folder: Path, problems: list[str]) -> str:
     return text
 
 
-def _task_toml(folder: Path, problems: list[str]) -> TaskToml | None:
-    path = folder / "task.toml"
+def _task_toml(folder: Path, problems: list[str]) -> tuple[TaskToml | None, str]:
+    """task.toml, validated (None after adding a problem), and its text."""
+    path, text = folder / "task.toml", ""
     try:
         resolve_source(folder, "task.toml")
         text = read_text(path, MAX_TOML_BYTES)
         data = tomllib.loads(text)
     except ConfigError as e:
         problems.append(str(e))
-        return None
+        return None, text
     except ValueError as e:  # TOMLDecodeError names the line and column
         problems.append(f"{path}: {'not valid TOML: ' if isinstance(e, tomllib.TOMLDecodeError) else ''}{e}")
-        return None
+        return None, text
     try:
-        return TaskToml.model_validate(data)
+        return TaskToml.model_validate(data), text
     except pydantic.ValidationError as e:
         for err in e.errors():
             loc = tuple(str(x) for x in err["loc"])
             msg = "missing required field" if err["type"] == "missing" else err["msg"]
             problems.append(f"{path}:{_toml_line(text, loc)}: {'.'.join(loc)}: {msg}")
-        return None
+        return None, text
 
 
 def _toml_line(text: str, loc: tuple[str, ...]) -> int:

@@ -7,7 +7,8 @@ environment image holding the repository at its base commit in `workdir`, defaul
 publishes them); `repo`, `base_commit`, `patch` (the gold patch: what `harness: oracle` applies),
 `test_patch` (the hidden tests: applied only in the evaluator's fresh sandbox) and `workdir` are
 optional; other columns are ignored. The workspace is a copy of `workdir` (prepare), the reward is
-`test_command` over FAIL_TO_PASS + PASS_TO_PASS exiting 0. Problems read `FILE:LINE: FIELD: ...`
+`test_command` over FAIL_TO_PASS + PASS_TO_PASS exiting 0. An `image` that is a registry reference
+becomes `docker://CANONICAL` (suites.images), its row kept as metadata.image_source. Problems read `FILE:LINE: FIELD: ...`
 (Parquet: `FILE: row N: FIELD: ...`), all of them before anything runs.
 """
 
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_hpc.config import TASK_ID, ConfigError, HarnessSpec, Task, TaskSandbox, TaskSolution, TestsEvaluator
 from polar_hpc.config_files import MAX_JSONL_BYTES, read_json_line, read_text
+from polar_hpc.suites import images
 
 KEYS = ("instance_id", "problem_statement")  # a JSONL file whose first record has these is a dataset
 
@@ -49,6 +51,12 @@ class Instance(BaseModel):
         if not TASK_ID.fullmatch(value) or ".." in value:
             raise ValueError(f"not usable as a task id (1-256 of A-Z a-z 0-9 . _ - : @ + = /, no '..'): {value[:80]!r}")
         return value
+
+    @pydantic.field_validator("image")
+    @classmethod
+    def _image(cls, value: str) -> str:
+        """A registry reference (`image pull` fetches it) as `docker://CANONICAL`; a SIF or a URI as given."""
+        return value if "://" in value or value.endswith(".sif") else images.parse(value).transport
 
     @pydantic.field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
@@ -89,7 +97,7 @@ def load(path: Path, harness: HarnessSpec) -> list[Task]:
             if harness.kind == "oracle" and not instance.patch:
                 problems.append(f"{where}: patch: missing, and `harness: oracle` applies it")
                 continue
-            tasks.append(to_task(instance, harness))
+            tasks.append(to_task(instance, harness, where))
         except pydantic.ValidationError as e:
             for err in e.errors():
                 field = ".".join(str(x) for x in err["loc"]) or "(top level)"
@@ -102,7 +110,7 @@ def load(path: Path, harness: HarnessSpec) -> list[Task]:
     return tasks
 
 
-def to_task(inst: Instance, harness: HarnessSpec) -> Task:
+def to_task(inst: Instance, harness: HarnessSpec, where: str) -> Task:
     tests = " ".join(shlex.quote(t) for t in inst.FAIL_TO_PASS + inst.PASS_TO_PASS)
     return Task(
         id=inst.instance_id, instruction=inst.problem_statement, timeout_s=inst.timeout_s, harness=harness,
@@ -110,7 +118,7 @@ def to_task(inst: Instance, harness: HarnessSpec) -> Task:
         evaluator=TestsEvaluator(kind="tests", patch=inst.test_patch or None,
                                  command=f"{inst.test_command} {tests}".strip(), timeout_s=inst.timeout_s),
         solution=TaskSolution(patch=inst.patch) if inst.patch else None,
-        metadata={"suite": "swebench", "repo": inst.repo, "base_commit": inst.base_commit,
+        metadata={"suite": "swebench", "image_source": f"{where}: image", "repo": inst.repo, "base_commit": inst.base_commit,
                   "FAIL_TO_PASS": inst.FAIL_TO_PASS, "PASS_TO_PASS": inst.PASS_TO_PASS},
     )
 

@@ -1,6 +1,8 @@
 """Per-sandbox cgroups (sandbox/cgroups.py) on real bwrap sandboxes and real processes: the CPU
 quota holds a spinner pool, a kill (freeze, SIGKILL, thaw) ends a running fork bomb whole, and an
-owner's close and a run's sweep remove every process and folder of theirs, never another run's.
+owner's close and a run's sweep remove every process and folder of theirs, never another run's;
+a memory cgroup nests in this process's own, its OOM kill is reported as the memory limit, and
+without one RLIMIT_AS bounds each process (and the log says so).
 
 A test that fails still leaves no bomb behind: each sweeps its own run's cgroups when it ends.
 """
@@ -170,3 +172,55 @@ def test_owner_names_tell_runs_and_processes_apart() -> None:
     a, b = Cgroups("run-a"), Cgroups("run-b")
     assert a.owner.startswith("run-a.") and b.owner.startswith("run-b.")
     assert a.owner.split(".")[1] == str(os.getpid())
+
+
+HOG = "python3 -c 'b = bytearray(256 << 20); print(len(b))'"  # 256 MiB, touched
+SMALL = "python3 -c 'b = bytearray(16 << 20); print(len(b))'"
+
+
+def _own_memory_group() -> Path:
+    [line] = [x for x in Path("/proc/self/cgroup").read_text().splitlines() if "memory" in x.split(":")[1].split(",")]
+    return CGROUP_ROOT / "memory" / line.split(":", 2)[2].lstrip("/")
+
+
+def test_memory_cgroup_nests_in_our_own_and_its_oom_kill_is_named(owner: Cgroups, tmp_path: Path) -> None:
+    """A 64 MiB sandbox: its memory cgroup sits under this process's own memory cgroup (never at the
+    root, out of the machine's accounting); a 256 MiB allocation is killed and reported as breaking
+    the memory limit; a 16 MiB one beside it, and after it in the same sandbox, runs."""
+    own = _own_memory_group()
+    if not (own / "cgroup.procs").exists():
+        pytest.skip("no v1 memory hierarchy here")
+
+    async def go():
+        hog, calm = (_box(tmp_path / n, owner, max_memory_bytes=64 << 20) for n in ("hog", "calm"))
+        await hog.start()
+        await calm.start()
+        folder = next(f for t, f in hog._cgroup.folders if "memory" in t.controllers)
+        limits = [(folder / f"memory.{k}limit_in_bytes").read_text().strip() for k in ("", "memsw.")]
+        results = await asyncio.gather(hog.exec(HOG, {}, 60), calm.exec(SMALL, {}, 60))
+        after = await hog.exec(SMALL, {}, 60)
+        assert await hog.stop() and await calm.stop()
+        return folder, limits, results, after
+
+    folder, limits, (big, small), after = asyncio.run(go())
+    assert folder.parent.parent == own / PARENT and folder.parent.name == owner.owner
+    assert limits[0] == str(64 << 20) and limits[1] in (str(64 << 20), "")
+    assert big.limit == "memory limit exceeded (memory_mb=64)" and big.returncode != 0, big
+    assert small.returncode == 0 and small.stdout == b"16777216\n" and small.limit is None
+    assert after.returncode == 0 and after.limit is None
+    assert not folder.exists(), "stop() removes the memory cgroup too"
+
+
+def test_without_a_memory_cgroup_rlimit_as_bounds_each_process(tmp_path: Path, caplog) -> None:
+    async def go():
+        sb = _box(tmp_path / "sb", Cgroups(), max_memory_bytes=64 << 20, use_cgroup=False)
+        await sb.start()
+        results = await sb.exec(HOG, {}, 60), await sb.exec(SMALL, {}, 60)
+        await sb.stop()
+        return results
+
+    with caplog.at_level("WARNING", logger="polar_hpc.sandbox"):
+        big, small = asyncio.run(go())
+    assert big.returncode == 1 and b"MemoryError" in big.stderr, big
+    assert small.returncode == 0 and small.stdout == b"16777216\n"
+    assert "no memory cgroup can be made here" in caplog.text and "RLIMIT_AS" in caplog.text

@@ -1,0 +1,264 @@
+"""Per-task environment images: `polar-hpc image pull SUITE` fetches each one once into a cache keyed
+by digest; `use_cached(tasks)` points every task whose image is there at its cached entry.
+
+- A reference (`parse`) is a registry image, `docker://` optional: `[REGISTRY/]REPO[:TAG][@DIGEST]`,
+  Docker's defaults filled in (`python:3.11` is `docker.io/library/python:3.11`). Harbor's
+  `docker_image` and a SWE-bench `image` become `sandbox.image: docker://CANONICAL`; anything else
+  (a SIF path, another scheme) is not pulled.
+- The cache (`cache_dir()`: $POLAR_IMAGE_CACHE, else ~/.cache/polar-hpc/images; the home is on the
+  shared filesystem on most clusters):
+      refs/H.json            the digest a reference resolved to (H: a hash of the reference)
+      sha256-HEX.sif         the entry where `apptainer` is on PATH (`apptainer build` from the OCI layout)
+      sha256-HEX.rootfs/     the entry elsewhere: the root filesystem (`umoci unpack --rootless`),
+                             which the bubblewrap sandbox uses as the task's root
+      partial/sha256-HEX/    an unfinished pull: its OCI layout keeps the blobs fetched so far
+      locks/sha256-HEX.lock  held (flock) by the pull of that digest; a second puller waits, then reuses
+  An entry is published by one rename once complete, so no half entry is ever used; an interrupted
+  pull leaves only `partial/`, which the next pull resumes (skopeo reuses the blobs there).
+- `pull_suite` resolves every distinct reference of a suite to its digest (`skopeo inspect`), fetches
+  each digest once (`skopeo copy` to an OCI layout), prints a table, and raises ConfigError naming
+  the task's file and line for every reference that is malformed or could not be resolved or
+  fetched, after pulling all the others. A registry on loopback (127.0.0.1, localhost) is spoken
+  to over plain HTTP, as Docker does; every other one over verified TLS.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from polar_hpc.config import ConfigError, Task
+
+INSPECT_TIMEOUT_S = 120
+PULL_TIMEOUT_S = 3600
+_DOMAIN = r"(?:localhost|[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*)(?::[0-9]{1,5})?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REFERENCE = re.compile(rf"(?:(?P<domain>{_DOMAIN})/)?(?P<repo>{_COMPONENT}(?:/{_COMPONENT})*)"
+                        r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[a-f0-9]{64}))?")
+_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
+_LOOPBACK = ("localhost", "127.0.0.1")
+
+
+class ImageError(RuntimeError):
+    """A tool the pull needs is missing or failed (not the suite's fault)."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    domain: str
+    repo: str
+    tag: str | None
+    digest: str | None
+
+    def __str__(self) -> str:
+        return f"{self.domain}/{self.repo}" + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
+
+    @property
+    def transport(self) -> str:
+        return f"docker://{self}"
+
+    def tls_flag(self, option: str = "--tls-verify") -> str:
+        return f"{option}={'false' if self.domain.split(':')[0] in _LOOPBACK else 'true'}"
+
+
+def parse(text: str) -> Reference:
+    """`text` as a registry reference (ValueError saying what is wrong)."""
+    body = text.removeprefix("docker://")
+    m = _REFERENCE.fullmatch(body) if len(body) <= 512 else None
+    if m is None:
+        raise ValueError(f"not an image reference ([REGISTRY/]REPO[:TAG][@sha256:DIGEST], lower-case repository): {text[:100]!r}")
+    domain, repo = m["domain"], m["repo"]
+    if domain is None or ("." not in domain and ":" not in domain and domain != "localhost"):
+        domain, repo = "docker.io", body.split("@")[0].split(":")[0]  # `user/repo`: Docker Hub
+        repo = repo if "/" in repo else f"library/{repo}"
+        if not re.fullmatch(f"{_COMPONENT}(?:/{_COMPONENT})*", repo):
+            raise ValueError(f"not an image reference (the repository is lower-case): {text[:100]!r}")
+    tag = m["tag"] or (None if m["digest"] else "latest")
+    return Reference(domain, repo, tag, m["digest"])
+
+
+def is_reference(image: str) -> bool:
+    """A task's `sandbox.image` names a registry image (not a file, not another scheme)."""
+    return image.startswith("docker://")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("POLAR_IMAGE_CACHE") or Path.home() / ".cache" / "polar-hpc" / "images")
+
+
+def entry_path(cache: Path, digest: str) -> Path:
+    """Where the entry of `digest` is: a SIF where apptainer is on PATH, else a root filesystem."""
+    return cache / (digest.replace(":", "-") + (".sif" if shutil.which("apptainer") else ".rootfs"))
+
+
+def use_cached(tasks: list[Task], cache: Path | None = None) -> list[Task]:
+    """Each task whose image reference was pulled into `cache`, pointed at its entry (the reference
+    and digest kept in metadata.image); the others as they are."""
+    cache = cache or cache_dir()
+    out, entries = [], {}  # image -> its entry (looked up once per image)
+    for task in tasks:
+        image = task.sandbox.image
+        if image and image not in entries:
+            digest = _cached_digest(cache, image)
+            entry = entry_path(cache, digest) if digest else None
+            entries[image] = (digest, entry) if entry and entry.exists() else None
+        found = entries.get(image or "")
+        if found is None:
+            out.append(task)
+            continue
+        digest, entry = found
+        box = task.sandbox.model_copy(update={"image": str(entry)})
+        meta = task.metadata | {"image": {"reference": task.sandbox.image, "digest": digest}}
+        out.append(task.model_copy(update={"sandbox": box, "metadata": meta}))
+    return out
+
+
+def _ref_file(cache: Path, reference: str) -> Path:
+    return cache / "refs" / (hashlib.sha256(reference.encode()).hexdigest()[:32] + ".json")
+
+
+def _cached_digest(cache: Path, image: str) -> str | None:
+    try:
+        key = parse(image).transport if is_reference(image) else None
+    except ValueError:
+        return None
+    if key is None:
+        return None
+    try:
+        with open(_ref_file(cache, key), "rb") as f:
+            digest = json.loads(f.read(4096)).get("digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return digest if isinstance(digest, str) and _DIGEST.fullmatch(digest) else None
+
+
+@dataclass
+class Pulled:
+    reference: str
+    digest: str
+    entry: Path
+    status: str  # pulled, cached, or "reused (waited Ns)"
+    seconds: float
+    tasks: int
+
+
+def pull_suite(path: Path, cache: Path, console) -> list[Pulled]:
+    """Pull every image `path`'s tasks name into `cache`; print a table; ConfigError for bad ones."""
+    from rich.table import Table
+
+    from polar_hpc import suites
+
+    tasks = suites.load(path, cached_images=False)
+    wanted: dict[str, list[Task]] = {}
+    for task in tasks:
+        if task.sandbox.image and is_reference(task.sandbox.image):
+            wanted.setdefault(task.sandbox.image, []).append(task)
+    for tool in ("skopeo", "apptainer" if shutil.which("apptainer") else "umoci"):
+        if wanted and shutil.which(tool) is None:
+            raise ImageError(f"{tool} is not on PATH: `image pull` needs skopeo, and umoci (local root "
+                             "filesystems) or apptainer (SIF images); e.g. apt-get install skopeo umoci")
+    done, problems = [], []
+    for image, users in wanted.items():
+        try:
+            done.append(pull(parse(image), cache, len(users)))
+        except (ValueError, ConfigError) as e:
+            problems.append(f"{_where(users[0])}: {image}: {e}")
+    table = Table("image", "digest", "entry", "status", "MiB", "s", "tasks",
+                  title=f"{path}: {len(wanted)} image(s), cache {cache}")
+    for p in done:
+        table.add_row(p.reference, p.digest[7:19], p.entry.suffix[1:], p.status, f"{_size(p.entry) / 2**20:.1f}",
+                      f"{p.seconds:.1f}", str(p.tasks))
+    console.print(table)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return done
+
+
+def pull(ref: Reference, cache: Path, tasks: int = 1) -> Pulled:
+    """Fetch `ref` into `cache` once (ConfigError: unknown or unreachable; ImageError: a tool failed)."""
+    t0 = time.monotonic()
+    digest = ref.digest or _skopeo(["inspect", ref.tls_flag(), "--format", "{{.Digest}}", ref.transport],
+                                   INSPECT_TIMEOUT_S, ConfigError, "cannot resolve").strip()
+    if not _DIGEST.fullmatch(digest):
+        raise ConfigError(f"the registry answered no sha256 digest ({digest[:80]!r})")
+    entry, status = entry_path(cache, digest), "cached"
+    if not entry.exists():
+        for sub in ("refs", "locks", "partial"):
+            (cache / sub).mkdir(parents=True, exist_ok=True)
+        with open(cache / "locks" / f"{entry.stem}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another pull of this digest: wait for it, then reuse
+            waited = time.monotonic() - t0
+            status = f"reused (waited {waited:.0f}s)" if entry.exists() else "pulled"
+            if not entry.exists():
+                _fetch(ref, digest, entry, cache / "partial" / entry.stem)
+    _write_atomic(_ref_file(cache, ref.transport), json.dumps({"reference": ref.transport, "digest": digest}))
+    return Pulled(ref.transport, digest, entry, status, time.monotonic() - t0, tasks)
+
+
+def _fetch(ref: Reference, digest: str, entry: Path, partial: Path) -> None:
+    """Copy the image into `partial`'s OCI layout (blobs there already are reused), build the entry
+    beside it, publish it by rename, then drop `partial`."""
+    partial.mkdir(exist_ok=True)
+    layout = f"oci:{partial / 'oci'}:image"
+    source = f"docker://{ref.domain}/{ref.repo}@{digest}"
+    _skopeo(["copy", "--quiet", ref.tls_flag("--src-tls-verify"), source, layout], PULL_TIMEOUT_S,
+            ConfigError, "cannot fetch")
+    if entry.suffix == ".sif":
+        built = partial / "image.sif"
+        _run(["apptainer", "build", "--force", str(built), layout], "apptainer build")
+        os.replace(built, entry)
+    else:
+        bundle = partial / "bundle"
+        shutil.rmtree(bundle, ignore_errors=True)  # an unpack that was interrupted: redone
+        _run(["umoci", "unpack", "--rootless", "--image", f"{partial / 'oci'}:image", str(bundle)], "umoci unpack")
+        os.rename(bundle / "rootfs", entry)
+    shutil.rmtree(partial, ignore_errors=True)
+
+
+def _skopeo(args: list[str], timeout_s: float, error: type[Exception], what: str) -> str:
+    try:
+        r = subprocess.run(["skopeo", *args], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise error(f"{what}: no answer within {timeout_s:g}s") from None
+    if r.returncode != 0:
+        raise error(f"{what}: {_tail(r.stderr)}")
+    return r.stdout
+
+
+def _run(argv: list[str], what: str) -> None:
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=PULL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ImageError(f"{what}: not done within {PULL_TIMEOUT_S}s") from None
+    if r.returncode != 0:
+        raise ImageError(f"{what} exited {r.returncode}: {_tail(r.stderr)}")
+
+
+def _tail(text: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    last = lines[-1] if lines else "(no message)"
+    return re.sub(r'^time="[^"]*" level=\w+ msg=', "", last)[-400:]
+
+
+def _where(task: Task) -> str:
+    return str(task.metadata.get("image_source") or f"task {task.id}: sandbox.image")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(os.lstat(os.path.join(d, n)).st_size for d, _, names in os.walk(path) for n in names)

@@ -1,0 +1,101 @@
+"""A real registry (Debian's docker-registry: the CNCF distribution registry) on loopback, and an
+image built without Docker (umoci: a layer of rootfs.py's files and a marker only the image has),
+pushed to it with skopeo. Without those tools the tests skip, unless POLAR_REQUIRE_IMAGES=1 (CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from images import rootfs
+
+TOOLS = ("skopeo", "umoci", "docker-registry")
+MISSING = [t for t in TOOLS if shutil.which(t) is None]
+needs_tools = pytest.mark.skipif(bool(MISSING) and os.environ.get("POLAR_REQUIRE_IMAGES") != "1",
+                                 reason=f"not installed: {', '.join(MISSING)} (CI: POLAR_REQUIRE_IMAGES=1 fails)")
+
+
+@dataclass
+class Registry:
+    address: str  # 127.0.0.1:PORT
+    log: Path  # its access log: which blobs were fetched
+
+    def blob_gets(self, digest: str) -> int:
+        return sum("GET /v2/" in line and f"/blobs/{digest} " in line for line in self.log.read_text().splitlines())
+
+
+@dataclass
+class Image:
+    reference: str  # 127.0.0.1:PORT/polar/env:1
+    marker: str  # the text of /etc/polar-image, a file only the image has
+    layer: str  # the digest of its one layer
+
+
+@pytest.fixture(scope="package")
+def registry(tmp_path_factory) -> Registry:
+    folder = tmp_path_factory.mktemp("registry")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (folder / "config.yml").write_text(
+        f"version: 0.1\nlog: {{level: warn}}\nstorage: {{filesystem: {{rootdirectory: {folder / 'data'}}}}}\n"
+        f"http: {{addr: '127.0.0.1:{port}', secret: {secrets.token_hex(16)}}}\n")
+    log = folder / "registry.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["docker-registry", "serve", str(folder / "config.yml")], stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+                time.sleep(0.1)
+        yield Registry(f"127.0.0.1:{port}", log)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="package")
+def image(registry: Registry, tmp_path_factory) -> Image:
+    folder = tmp_path_factory.mktemp("image")
+    marker = f"only-in-the-image-{secrets.token_hex(6)}"
+    rootfs.build(folder / "root", {"etc/polar-image": marker + "\n"})
+    layout = f"{folder / 'oci'}:1"
+    for argv in (["umoci", "init", "--layout", str(folder / "oci")], ["umoci", "new", "--image", layout],
+                 ["umoci", "insert", "--rootless", "--image", layout, str(folder / "root"), "/"]):
+        subprocess.run(argv, check=True, capture_output=True)
+    reference = f"{registry.address}/polar/env:1"
+    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}", f"docker://{reference}"],
+                   check=True, capture_output=True)
+    manifest = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{reference}"],
+                              check=True, capture_output=True, text=True).stdout
+    [layer] = [x["digest"] for x in json.loads(manifest)["layers"]]
+    return Image(reference, marker, layer)
+
+
+def harbor_task(folder: Path, image: str, marker: str) -> Path:
+    """A Harbor task whose environment is `image`: the oracle copies the image's marker into
+    answer.txt, and the hidden tests reward 1.0 only if the answer and their own view of the image agree."""
+    folder.mkdir(parents=True)
+    (folder / "instruction.md").write_text("Write the content of /etc/polar-image to answer.txt.\n")
+    (folder / "task.toml").write_text(f'[agent]\ntimeout_sec = 120\n\n[environment]\ndocker_image = "{image}"\n')
+    (folder / "solution").mkdir()
+    (folder / "solution" / "solve.sh").write_text("cat /etc/polar-image > answer.txt\n")
+    (folder / "tests").mkdir()
+    (folder / "tests" / "test.sh").write_text(
+        f'if [ "$(cat answer.txt)" = {marker} ] && [ "$(cat /etc/polar-image)" = {marker} ]; then\n'
+        '  echo 1 > "$POLAR_LOGS_DIR/reward.txt"\nelse\n  echo 0 > "$POLAR_LOGS_DIR/reward.txt"\nfi\n')
+    return folder
