@@ -3,8 +3,10 @@
 Messages are msgspec Structs tagged by class name and encoded as msgpack (the same library encodes
 shard records). Links:
 
-- gateway <-> orchestrator (ZeroMQ DEALER -> ROUTER, tcp or ipc): Hello, Heartbeat, Credit, Assign,
-  SessionUpdate, Result, Cancel, Shutdown.
+- gateway <-> orchestrator (ZeroMQ DEALER -> ROUTER, tcp or ipc): Hello, Heartbeat, Assign, Report
+  (the Credit, SessionUpdate and Result of one flush; each may also come alone), Cancel, Shutdown.
+  Messages are per batch, not per session: an Assign carries every session one Credit bought, a
+  Report all a gateway has to say since its last one.
 - engine step -> orchestrator (DEALER -> ROUTER, tcp): EngineHello, Heartbeat, EngineBye; the
   orchestrator relays the live engines to every gateway as Engines, which the gateway forwards to
   its proxy (the URL list a proxy routes over).
@@ -84,7 +86,9 @@ class SessionSpec(msgspec.Struct):
 
 
 class Assign(Message):
-    session: SessionSpec
+    """Sessions for the gateway to run, in dispatch order: one per unit of credit it had."""
+
+    sessions: list[SessionSpec]
 
 
 class SessionUpdate(Message):
@@ -106,6 +110,13 @@ class Result(Message):
     n_tokens: int
     shard: str
     error: str | None = None
+
+
+class Report(Message):
+    """A gateway's news since its last Report, in order: the latest SessionUpdate of each session
+    still running, then Results, then its Credits summed into one (`gateway.server.Outbox`)."""
+
+    items: list[Union[Credit, SessionUpdate, Result]]
 
 
 class Cancel(Message):
@@ -312,6 +323,7 @@ AnyMessage = Union[
     Assign,
     SessionUpdate,
     Result,
+    Report,
     Cancel,
     EngineHello,
     EngineBye,

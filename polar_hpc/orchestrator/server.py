@@ -92,6 +92,7 @@ class Orchestrator:
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.plain = zmq.Socket.shadow(self.sock.underlying)  # the same socket: plain non-blocking calls
         wire.limit_size(self.sock)
         self.auth = security.secure_server(self.ctx, self.sock, run_dir)
         if self.auth is None and not _loopback(host):
@@ -153,10 +154,19 @@ class Orchestrator:
         self._send(identity, msg)
 
     def _send(self, identity: bytes, msg: wire.Message) -> None:
+        frames = [identity, wire.encode(msg)]
         try:
-            self.sock.send_multipart([identity, wire.encode(msg)])
+            self.plain.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:  # the peer's queue is full: wait for room, the loop goes on
+            asyncio.ensure_future(self._send_later(frames))
         except zmq.ZMQError as e:  # the peer is gone (ROUTER_MANDATORY)
             log.warning("cannot reach %r: %s", identity, e)
+
+    async def _send_later(self, frames: list[bytes]) -> None:
+        try:
+            await self.sock.send_multipart(frames)
+        except zmq.ZMQError as e:
+            log.warning("cannot reach %r: %s", frames[0], e)
 
     def to_gateways(self, msg: wire.Message) -> None:
         for identity in list(self.scheduler.gateways):
@@ -167,12 +177,11 @@ class Orchestrator:
         messages waiting are taken in one batch (up to _BATCH); their journal lines are written
         once, then their answers are sent."""
         secured = self.auth is not None
-        waiting = zmq.Socket.shadow(self.sock.underlying)  # plain non-blocking reads of the same socket
         while True:
             batch = [await self.sock.recv_multipart(copy=False)]
             while len(batch) < _BATCH:
                 try:
-                    batch.append(waiting.recv_multipart(zmq.NOBLOCK, copy=False))
+                    batch.append(self.plain.recv_multipart(zmq.NOBLOCK, copy=False))
                 except zmq.Again:
                     break
             self._outbox = []
@@ -254,6 +263,7 @@ ROUTES: dict[type, Route] = {
     wire.Credit: Route(lambda o, peer, m: o.scheduler.credit(peer, m), _GATEWAY),
     wire.SessionUpdate: Route(lambda o, peer, m: o.scheduler.update(peer, m), _GATEWAY),
     wire.Result: Route(lambda o, peer, m: o.scheduler.result(peer, m), _GATEWAY),
+    wire.Report: Route(lambda o, peer, m: o.scheduler.report(peer, m), _GATEWAY),
     wire.EngineHello: Route(lambda o, peer, m: o.registry.hello(peer, m), _ENGINE),
     wire.EngineBye: Route(lambda o, peer, m: o.registry.lose(peer, "deregistered"), _ENGINE),
     wire.Heartbeat: Route(lambda o, peer, m: None, _MEMBERS),  # its sign of life is noted for any message

@@ -37,6 +37,15 @@ def reply(sock, kind, timeout_s: float = 5.0):
     return None
 
 
+def assigned(sock, n: int, timeout_s: float = 5.0) -> list[wire.SessionSpec]:
+    """The next `n` sessions assigned on `sock`, over as many Assign messages as they came in."""
+    specs: list[wire.SessionSpec] = []
+    while len(specs) < n:
+        specs += next_message(sock, wire.Assign, timeout_s).sessions
+    assert len(specs) == n, f"{len(specs)} sessions assigned where {n} were expected"
+    return specs
+
+
 def next_message(sock, kind, timeout_s: float = 5.0):
     """The next message of type `kind` on `sock`, skipping others (heartbeats)."""
     msg = reply(sock, kind, timeout_s)
