@@ -107,6 +107,9 @@ def test_each_role_sends_only_its_own_kinds(tmp_path: Path, ctx) -> None:
             intruder.send(wire.encode(wire.Shutdown(reason="intruder")))
         client.send(wire.encode(wire.EngineHello(engine_id="e", url="http://evil:1", weight_version="v9", host="h")))
         client.send(wire.encode(wire.Assign(sessions=[spec])))  # a kind nobody sends the orchestrator
+        for intruder in (client, engine, other_gw):  # the same news in one Report
+            intruder.send(wire.encode(wire.Report(items=[wire.SessionUpdate(session_id=spec.session_id, state="RUN",
+                                                                            t=0.0), _result(spec.session_id)])))
         assert _reply(client, wire.Assign, 0.5) is None and _reply(engine, wire.Assign, 0.1) is None
         for request in (wire.SubmitTasks(batch_id="b", tasks=[TASK | {"id": "u"}]),
                         wire.UpdateWeights(model_path="/w", weight_version="v1"),
@@ -136,3 +139,4 @@ def test_each_role_sends_only_its_own_kinds(tmp_path: Path, ctx) -> None:
     log = proc.stdout.read().decode()
     assert "not a gateway running it" in log and "refused Shutdown: the client key may not send it" in log
     assert "refused Hello: the engine key may not send it" in log and "Traceback" not in log
+    assert "refused Report: the client key may not send it" in log
