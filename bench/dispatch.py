@@ -4,20 +4,25 @@ Starts a real orchestrator (`polar-hpc orchestrator`, over CURVE as in a Slurm r
 gateways spread over a few processes (`--procs`; each gateway its own DEALER socket and CURVE
 connection, so the orchestrator sees K peers), speaking the real protocol: Hello, Credit for
 `slots` slots, and for every session of an Assign the four stage updates (INIT, READY, RUN,
-POSTRUN), a Result and a Credit at once (the harness does nothing), coalesced by the real gateway's
-`Outbox` into one Report per gateway per poll round, as a gateway does per event-loop turn. The rate is measured from the orchestrator's own
-journal: N sessions divided by the time from the first `assigned` to the last `result`
-(`sessions_per_s`). Also reported: the orchestrator's CPU time (user + system, from /proc) per
-1,000 sessions from its ready signal to the run's end (`orchestrator_cpu_s_per_1000`: dispatch
-alone), its CPU time before that (`orchestrator_startup_cpu_s`: imports, reading the task file,
-journaling every session `queued`), its peak RSS (`orchestrator_peak_rss_mb`), and the sessions
-per second one core would reach at that CPU cost (`orchestrator_ceiling_per_s`, 1,000 /
-cpu_s_per_1000): the figure to read on a loaded machine, where the simulated gateways, on the
-same cores, can be the bottleneck. The default runs K = 64 gateways x 4 slots, then the scale case,
-1,000 gateways x 64 slots (64,000 sessions in flight); the last line is a JSON list with one
-object per case.
+POSTRUN), a Result and a Credit at once (the harness does nothing), coalesced by the real
+gateway's `Outbox` into one Report per gateway per poll round, as a gateway does per loop turn.
 
-    uv run python bench/dispatch.py [--cases 64x4:20000 1000x64:200000] [--procs 4]
+Figures, one JSON object per case:
+- `sessions_per_s`: N sessions over the time from the first `assigned` to the last `result` in
+  the orchestrator's own journal.
+- `orchestrator_cpu_s_per_1000`: its CPU time (user + system, /proc) from its ready signal to the
+  end of the run, per 1,000 sessions: dispatch alone. `orchestrator_startup_cpu_s`: its CPU time
+  before that (imports, reading the task file, journaling every session `queued`).
+- `orchestrator_ceiling_per_s`: 1,000 / cpu_s_per_1000, the rate one free core would reach at
+  that cost; the figure to read on a loaded machine, where the simulated gateways on the same
+  cores can be the bottleneck. `gateways_cpu_s_per_1000`: what the simulated gateways spent
+  (their whole life, connecting included).
+- `orchestrator_peak_rss_mb`: its peak resident memory (VmHWM); `load_1min`: the machine's load
+  average at the end.
+The default runs K = 64 gateways x 4 slots, then the scale case, 1,000 gateways x 64 slots (64,000
+sessions in flight), in one run; the last line is a JSON list with one object per case.
+
+    uv run python bench/dispatch.py [--cases 64x4:100000 1000x64:200000] [--procs 4]
 """
 
 from __future__ import annotations
@@ -124,6 +129,7 @@ def measure(k: int, slots: int, sessions: int, n_procs: int) -> dict:
                 break
             time.sleep(0.5)
         cpu_s, rss_mb = _cpu_s(orch.proc.pid), _peak_rss_mb(orch.proc.pid)
+        gateways_cpu_s = sum(_cpu_s(w.pid) for w in workers)
         client.send(wire.encode(wire.Shutdown(reason="bench done")))
         orch.proc.wait(60)
     finally:
@@ -141,12 +147,12 @@ def measure(k: int, slots: int, sessions: int, n_procs: int) -> dict:
     return {"gateways": k, "slots": slots, "sessions": done, "sessions_per_s": round(done / (last - first), 1),
             "orchestrator_cpu_s_per_1000": round(per_1000, 4), "orchestrator_ceiling_per_s": round(1000 / per_1000),
             "orchestrator_startup_cpu_s": round(startup_cpu_s, 2), "orchestrator_peak_rss_mb": round(rss_mb, 1),
-            "load_1min": round(os.getloadavg()[0], 1)}
+            "gateways_cpu_s_per_1000": round(gateways_cpu_s / done * 1000, 4), "load_1min": round(os.getloadavg()[0], 1)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=["64x4:20000", "1000x64:200000"],
+    parser.add_argument("--cases", nargs="+", default=["64x4:100000", "1000x64:200000"],
                         help="GATEWAYSxSLOTS:SESSIONS, one run each")
     parser.add_argument("--procs", type=int, default=4, help="processes the simulated gateways share")
     args = parser.parse_args()

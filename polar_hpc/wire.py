@@ -79,7 +79,7 @@ class SessionSpec(msgspec.Struct):
     """One rollout of one task: everything a gateway needs to run it."""
 
     session_id: str
-    task: dict[str, Any]  # a validated config.Task, as plain data
+    task: dict[str, Any]  # a validated config.Task, as plain data (the orchestrator sends it as `raw`)
     sample_index: int
     attempt: int
     deadline: float  # unix time; set once, at dispatch
@@ -355,6 +355,12 @@ _decoder = msgspec.msgpack.Decoder(AnyMessage)
 
 def encode(message: Message) -> bytes:
     return _encoder.encode(message)
+
+
+def raw(data: Any) -> msgspec.Raw:
+    """Plain data encoded once, to go as it is into many messages (a task into each of its sessions'
+    SessionSpec): the receiver decodes it as the data itself."""
+    return msgspec.Raw(_encoder.encode(data))
 
 
 def decode(data: bytes) -> AnyMessage:

@@ -13,6 +13,8 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from polar_hpc import wire
 from polar_hpc.config import Task
 
@@ -37,7 +39,7 @@ class Session:
 class SessionTable:
     sessions: dict[str, Session] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)
-    _dumped: dict[str, dict] = field(default_factory=dict)  # task id -> the task as SessionSpec carries it
+    _dumped: dict[str, msgspec.Raw] = field(default_factory=dict)  # task id -> the task as SessionSpec carries it
     states: Counter = field(default_factory=Counter)  # state -> sessions in it
     _rewards: list[float] = field(default_factory=lambda: [0.0, 0])  # sum and count of the rewards
     _tokens: int = 0
@@ -90,8 +92,8 @@ class SessionTable:
             s = self.queue.popleft()
             s.state, s.gateway = "assigned", gateway
             task = self._dumped.get(s.task.id)
-            if task is None:  # once per task, not per session
-                task = self._dumped[s.task.id] = s.task.model_dump(mode="json")
+            if task is None:  # dumped and encoded once per task, not per session
+                task = self._dumped[s.task.id] = wire.raw(s.task.model_dump(mode="json"))
             specs.append(wire.SessionSpec(session_id=s.session_id, task=task, sample_index=s.sample_index,
                                           attempt=s.attempt, deadline=now + s.task.timeout_s))
         self.states["queued"] -= len(specs)
