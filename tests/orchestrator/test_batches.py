@@ -12,19 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import zmq
 
 from polar_hpc import wire
 from tests.orchestrator.helpers import next_message, reply, start_orchestrator
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    context.setsockopt(zmq.LINGER, 0)
-    yield context
-    context.destroy(linger=0)
 
 
 def _gateway(ctx, endpoint: str, name: str, slots: int) -> zmq.Socket:

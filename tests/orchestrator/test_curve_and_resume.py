@@ -7,7 +7,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
 import zmq
 
 from polar_hpc import security, wire
@@ -18,14 +17,6 @@ TASK = {"id": "t", "instruction": "hi", "num_samples": 3, "harness": {"command":
 
 def _start(run_dir: Path) -> tuple[subprocess.Popen, str]:
     return start_orchestrator(run_dir, "gateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 5.0\n", TASK)
-
-
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    context.setsockopt(zmq.LINGER, 0)  # a socket refused by CURVE keeps its messages: never wait for them
-    yield context
-    context.destroy(linger=0)
 
 
 _reply = reply

@@ -19,14 +19,6 @@ TOPOLOGY = "gateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 5.0\n"
 TASK = {"id": "t", "instruction": "hi", "num_samples": 2, "harness": {"command": "true"}}
 
 
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    context.setsockopt(zmq.LINGER, 0)
-    yield context
-    context.destroy(linger=0)
-
-
 def _peer(ctx, endpoint: str, run_dir: Path, role: str) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     security.secure_client(sock, run_dir, role)

@@ -22,7 +22,7 @@ from polar_hpc import wire
 from polar_hpc.client import Client
 from polar_hpc.config import ConfigError
 from tests.conftest import polar
-from tests.orchestrator.helpers import assigned, next_message, start_orchestrator
+from tests.orchestrator.helpers import assigned, start_orchestrator
 
 
 def _start_engine(tmp_path: Path) -> tuple[subprocess.Popen, str]:
