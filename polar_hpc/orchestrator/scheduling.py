@@ -3,10 +3,10 @@
 A gateway registers (`hello`) and sends Credit, one unit per free INIT slot; each unit takes the
 next queued session (journaled `assigned`, remembered with the newest weight version at its
 dispatch); the sessions one Credit takes go out as one Assign. A Report is handled item by item,
-in order, as if each had come alone. News of a session (SessionUpdate, Result) counts only from the gateway
-running it; from any other peer it is refused and logged. The first result of a (task, sample) is
-journaled `result`, `"stale": true` when more weight versions passed during it than its batch
-allows; a `cancelled` result nobody asked for (its gateway stopped under it) is journaled
+in order, as if each had come alone. News of a session (SessionUpdate, Result) counts only from
+the gateway running it; from any other peer it is refused and logged. The first result of a
+(task, sample) is journaled `result`, `"stale": true` when more weight versions passed during it
+than its batch allows; a `cancelled` result nobody asked for (its gateway stopped under it) is journaled
 `interrupted` and the session runs again. A lost gateway's sessions go back to the front of the
 queue as new attempts (`lose`), offered at once to every gateway with credit. Sessions cancelled on
 purpose while running are asked of their gateway (`cancel_running`).
@@ -99,7 +99,8 @@ class Scheduler:
 
     def dispatch_all(self) -> None:
         for identity, gw in list(self.gateways.items()):
-            self._dispatch(identity, gw)
+            if gw.credit:
+                self._dispatch(identity, gw)
 
     def lose(self, identity: bytes) -> None:
         gw = self.gateways.pop(identity)

@@ -105,6 +105,8 @@ class Orchestrator:
         self.endpoint = f"tcp://{advertise or host}:{port}"
         self.refusals = Refusals()
         self._outbox: list[tuple[bytes, wire.Message]] | None = None  # while a batch is handled
+        self._held: dict[bytes, list[list[bytes]]] = {}  # peer -> messages waiting for room in its queue
+        self._senders: set[asyncio.Task] = set()
         self.stopping = asyncio.Event()
         peers = wire.Liveness(topology.gateway.peer_timeout_s)
         self.registry = Registry(self.service, topology.engine.kind, topology.engine.weight_version, engine_urls,
@@ -154,19 +156,32 @@ class Orchestrator:
         self._send(identity, msg)
 
     def _send(self, identity: bytes, msg: wire.Message) -> None:
+        """A plain non-blocking send; when the peer's queue is full, its messages wait, in order,
+        for room while the loop goes on."""
         frames = [identity, wire.encode(msg)]
+        if identity in self._held:
+            self._held[identity].append(frames)
+            return
         try:
             self.plain.send_multipart(frames, zmq.NOBLOCK)
-        except zmq.Again:  # the peer's queue is full: wait for room, the loop goes on
-            asyncio.ensure_future(self._send_later(frames))
+        except zmq.Again:
+            self._held[identity] = [frames]
+            task = asyncio.get_running_loop().create_task(self._send_held(identity))
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
         except zmq.ZMQError as e:  # the peer is gone (ROUTER_MANDATORY)
             log.warning("cannot reach %r: %s", identity, e)
 
-    async def _send_later(self, frames: list[bytes]) -> None:
+    async def _send_held(self, identity: bytes) -> None:
+        held = self._held[identity]
         try:
-            await self.sock.send_multipart(frames)
+            while held:
+                await self.sock.send_multipart(held[0])
+                held.pop(0)
         except zmq.ZMQError as e:
-            log.warning("cannot reach %r: %s", frames[0], e)
+            log.warning("cannot reach %r: %s (%d messages dropped)", identity, e, len(held))
+        finally:
+            del self._held[identity]
 
     def to_gateways(self, msg: wire.Message) -> None:
         for identity in list(self.scheduler.gateways):
