@@ -3,8 +3,10 @@
 Messages are msgspec Structs tagged by class name and encoded as msgpack (the same library encodes
 shard records). Links:
 
-- gateway <-> orchestrator (ZeroMQ DEALER -> ROUTER, tcp or ipc): Hello, Heartbeat, Credit, Assign,
-  SessionUpdate, Result, Cancel, Shutdown.
+- gateway <-> orchestrator (ZeroMQ DEALER -> ROUTER, tcp or ipc): Hello, Heartbeat, Assign, Report
+  (the Credit, SessionUpdate and Result of one flush; each may also come alone), Cancel, Shutdown.
+  Messages are per batch, not per session: an Assign carries every session one Credit bought, a
+  Report all a gateway has to say since its last one.
 - engine step -> orchestrator (DEALER -> ROUTER, tcp): EngineHello, Heartbeat, EngineBye; the
   orchestrator relays the live engines to every gateway as Engines, which the gateway forwards to
   its proxy (the URL list a proxy routes over).
@@ -77,14 +79,16 @@ class SessionSpec(msgspec.Struct):
     """One rollout of one task: everything a gateway needs to run it."""
 
     session_id: str
-    task: dict[str, Any]  # a validated config.Task, as plain data
+    task: dict[str, Any]  # a validated config.Task, as plain data (the orchestrator sends it as `raw`)
     sample_index: int
     attempt: int
     deadline: float  # unix time; set once, at dispatch
 
 
 class Assign(Message):
-    session: SessionSpec
+    """Sessions for the gateway to run, in dispatch order: one per unit of credit it had."""
+
+    sessions: list[SessionSpec]
 
 
 class SessionUpdate(Message):
@@ -106,6 +110,13 @@ class Result(Message):
     n_tokens: int
     shard: str
     error: str | None = None
+
+
+class Report(Message):
+    """A gateway's news since its last Report, in order: the latest SessionUpdate of each session
+    still running, then Results, then its Credits summed into one (`gateway.server.Outbox`)."""
+
+    items: list[Union[Credit, SessionUpdate, Result]]
 
 
 class Cancel(Message):
@@ -312,6 +323,7 @@ AnyMessage = Union[
     Assign,
     SessionUpdate,
     Result,
+    Report,
     Cancel,
     EngineHello,
     EngineBye,
@@ -343,6 +355,12 @@ _decoder = msgspec.msgpack.Decoder(AnyMessage)
 
 def encode(message: Message) -> bytes:
     return _encoder.encode(message)
+
+
+def raw(data: Any) -> msgspec.Raw:
+    """Plain data encoded once, to go as it is into many messages (a task into each of its sessions'
+    SessionSpec): the receiver decodes it as the data itself."""
+    return msgspec.Raw(_encoder.encode(data))
 
 
 def decode(data: bytes) -> AnyMessage:

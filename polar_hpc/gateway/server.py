@@ -2,7 +2,9 @@
 
 Starts its proxy as a child process (linked over ZeroMQ ipc), connects to the orchestrator
 (DEALER), announces itself, asks for work with credits and runs the sessions it is assigned through
-the pipeline, writing trajectories to its own shard writer. Heartbeats both links; exits when the
+the pipeline, writing trajectories to its own shard writer. What the pipeline tells the orchestrator
+(Credit, SessionUpdate, Result) waits in an `Outbox` until the event loop's turn ends and goes as
+one Report; any other message sends the waiting Report first, so the order is kept. Heartbeats both links; exits when the
 orchestrator says Shutdown or goes silent (its sessions are then cancelled and written as such).
 Without `engine_url` (Slurm mode) it waits for the orchestrator's first non-empty Engines and
 starts its proxy on the first URL; every later Engines is forwarded to the proxy. The orchestrator
@@ -50,6 +52,36 @@ class GatewayOptions:
     engine_url: str | None
     gateway_id: str
     tmp_dir: Path | None = None
+
+
+class Outbox:
+    """A gateway's news for the orchestrator, coalesced until `take`: of each session only its latest
+    SessionUpdate, none once its Result is in; Credits summed."""
+
+    def __init__(self) -> None:
+        self.updates: dict[str, wire.SessionUpdate] = {}
+        self.results: list[wire.Result] = []
+        self.credit = 0
+
+    def add(self, msg: wire.Credit | wire.SessionUpdate | wire.Result) -> None:
+        if isinstance(msg, wire.Credit):
+            self.credit += msg.n
+        elif isinstance(msg, wire.SessionUpdate):
+            self.updates[msg.session_id] = msg
+        else:
+            self.updates.pop(msg.session_id, None)
+            self.results.append(msg)
+
+    def take(self) -> wire.Report | None:
+        """The Report of everything added since the last take; None when nothing was."""
+        items: list = [*self.updates.values(), *self.results]
+        if self.credit:
+            items.append(wire.Credit(n=self.credit))
+        self.updates, self.results, self.credit = {}, [], 0
+        return wire.Report(items=items) if items else None
+
+
+_REPORTED = (wire.Credit, wire.SessionUpdate, wire.Result)
 
 
 class ProxyChannel(ProxyLink):
@@ -127,6 +159,8 @@ class _Gateway:
         self.ctx = zmq.asyncio.Context()
         self.stopping = asyncio.Event()
         self.exit_code = 0
+        self.outbox = Outbox()
+        self._flushing = False  # a flush of the outbox is scheduled
 
     async def run(self) -> int:
         opts, gw = self.opts, self.topology.gateway
@@ -181,6 +215,7 @@ class _Gateway:
                 await self.stopping.wait()
         finally:
             await self.pipeline.drain()
+            self._flush()
             self.writer.close()
             if self.proxy.identity is not None:
                 self.proxy.send(wire.Shutdown(reason="gateway stopping"))
@@ -240,7 +275,8 @@ class _Gateway:
     def _from_orchestrator(self, _identity: bytes, msg: wire.AnyMessage) -> None:
         self.liveness.heard("orchestrator")
         if isinstance(msg, wire.Assign):
-            self.pipeline.assign(msg.session)
+            for spec in msg.sessions:
+                self.pipeline.assign(spec)
         elif isinstance(msg, wire.Engines):
             self.engine_versions = msg.versions
             if msg.urls:
@@ -257,7 +293,20 @@ class _Gateway:
             log.error("dropped a %s from the orchestrator: not a message of that link", type(msg).__name__)
 
     def _to_orchestrator(self, msg: wire.Message) -> None:
+        if isinstance(msg, _REPORTED):
+            self.outbox.add(msg)
+            if not self._flushing:
+                self._flushing = True
+                asyncio.get_running_loop().call_soon(self._flush)
+            return
+        self._flush()
         self.orch.send(wire.encode(msg))
+
+    def _flush(self) -> None:
+        self._flushing = False
+        report = self.outbox.take()
+        if report is not None:
+            self.orch.send(wire.encode(report))
 
     async def _tick(self) -> None:
         hb = self.topology.gateway.heartbeat_s

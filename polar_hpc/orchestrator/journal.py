@@ -1,6 +1,7 @@
 """Append-only journal of session state changes: `<run>/journal/orchestrator.jsonl`.
 
-One JSON object per line: {"t", "event", "session", ...}. Lines wait in memory while the
+One JSON object per line: {"t", "event", "session", ...}; `t` is the unix time of the first line
+of its flush (one clock read per batch, not per line). Lines wait in memory while the
 orchestrator handles one batch of messages and are written (`flush`, one write to the OS) before
 any message leaves it: whatever a peer was told is in the file first, so a crash of the process
 loses nothing acknowledged. It is the record
@@ -51,14 +52,20 @@ class Journal:
         cut = path.exists() and path.stat().st_size > 0 and _last_byte(path) != b"\n"
         self._file = open(path, "ab")
         self._lines: list[bytes] = [b"\n"] if cut else []  # a line a crash cut short stays alone on its line
+        self._t = round(time.time(), 6)  # the time of the first line waiting
 
     def write(self, event: str, **fields: Any) -> None:
-        self._lines.append(_encode({"t": round(time.time(), 6), "event": event, **fields}) + b"\n")
+        self._lines.append(_encode({"t": self._now(), "event": event, **fields}) + b"\n")
 
     def write_many(self, event: str, rows: Iterable[dict[str, Any]]) -> None:
-        """One event per row (a whole task file queued at start)."""
-        t = round(time.time(), 6)
+        """One event per row (a whole task file queued at start, the sessions of one Assign)."""
+        t = self._now()
         self._lines.extend(_encode({"t": t, "event": event, **fields}) + b"\n" for fields in rows)
+
+    def _now(self) -> float:
+        if not self._lines:
+            self._t = round(time.time(), 6)
+        return self._t
 
     def flush(self) -> None:
         """Hand every line written so far to the OS, in one write."""

@@ -1,11 +1,12 @@
 """Scheduling by credit: which gateway runs which session, and what becomes of its result.
 
 A gateway registers (`hello`) and sends Credit, one unit per free INIT slot; each unit takes the
-next queued session (journaled `assigned`, sent as Assign, remembered with the newest weight
-version at its dispatch). News of a session (SessionUpdate, Result) counts only from the gateway
-running it; from any other peer it is refused and logged. The first result of a (task, sample) is
-journaled `result`, `"stale": true` when more weight versions passed during it than its batch
-allows; a `cancelled` result nobody asked for (its gateway stopped under it) is journaled
+next queued session (journaled `assigned`, remembered with the newest weight version at its
+dispatch); the sessions one Credit takes go out as one Assign. A Report is handled item by item,
+in order, as if each had come alone. News of a session (SessionUpdate, Result) counts only from
+the gateway running it; from any other peer it is refused and logged. The first result of a
+(task, sample) is journaled `result`, `"stale": true` when more weight versions passed during it
+than its batch allows; a `cancelled` result nobody asked for (its gateway stopped under it) is journaled
 `interrupted` and the session runs again. A lost gateway's sessions go back to the front of the
 queue as new attempts (`lose`), offered at once to every gateway with credit. Sessions cancelled on
 purpose while running are asked of their gateway (`cancel_running`).
@@ -65,6 +66,10 @@ class Scheduler:
         if self._holder(identity, msg.session_id) is not None and self.table.update(msg.session_id, msg.state):
             self.journal.write("state", session=msg.session_id, state=msg.state)
 
+    def report(self, identity: bytes, msg: wire.Report) -> None:
+        for item in msg.items:
+            _BY_KIND[type(item)](self, identity, item)
+
     def result(self, identity: bytes, msg: wire.Result) -> None:
         gw = self._holder(identity, msg.session_id)
         if gw is None:
@@ -75,11 +80,12 @@ class Scheduler:
             self.journal.write("interrupted", session=msg.session_id, reason="gateway stopped", shard=msg.shard)
             if not self.stopping.is_set():
                 self._requeue(msg.session_id)
+                self.dispatch_all()
             return
         s = self.table.finish(msg)
         if s is not None:  # the first result of a (task, sample): the attempt that counts
             self.rate.note()
-            stale = self.batches.is_stale(s.task.id, wire.version_number(dispatched), wire.version_number(self.policy()))
+            stale = self.batches.is_stale(s.task.id, dispatched, self.policy())
             self.journal.write(
                 "result", session=msg.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt,
                 status=msg.status, reward=msg.reward, shard=msg.shard, n_tokens=msg.n_tokens,
@@ -93,7 +99,8 @@ class Scheduler:
 
     def dispatch_all(self) -> None:
         for identity, gw in list(self.gateways.items()):
-            self._dispatch(identity, gw)
+            if gw.credit:
+                self._dispatch(identity, gw)
 
     def lose(self, identity: bytes) -> None:
         gw = self.gateways.pop(identity)
@@ -103,6 +110,7 @@ class Scheduler:
         self.down[gw.gateway_id] = wire.Member("gateway", gw.gateway_id, gw.host, False, detail="silent")
         for sid in gw.sessions:
             self._requeue(sid)
+        self.dispatch_all()  # once for them all: no scan of the gateways per session
 
     def members(self) -> list[wire.Member]:
         up = [wire.Member("gateway", g.gateway_id, g.host, True, len(g.sessions)) for g in self.gateways.values()]
@@ -123,15 +131,19 @@ class Scheduler:
         self.assigned_policy.pop(session_id, None)
         s = self.table.requeue(session_id)
         self.journal.write("requeued", session=s.session_id, previous=session_id, attempt=s.attempt)
-        self.dispatch_all()
 
     def _dispatch(self, identity: bytes, gw: Gateway) -> None:
-        while gw.credit > 0:
-            spec = self.table.take(identity)
-            if spec is None:
-                return
-            gw.credit -= 1
+        specs = self.table.take(identity, gw.credit)
+        if not specs:
+            return
+        gw.credit -= len(specs)
+        policy = self.policy()
+        for spec in specs:
             gw.sessions.add(spec.session_id)
-            self.journal.write("assigned", session=spec.session_id, gateway=gw.gateway_id, attempt=spec.attempt)
-            self.assigned_policy[spec.session_id] = self.policy()
-            self.send(identity, wire.Assign(session=spec))
+            self.assigned_policy[spec.session_id] = policy
+        self.journal.write_many("assigned", ({"session": spec.session_id, "gateway": gw.gateway_id,
+                                              "attempt": spec.attempt} for spec in specs))
+        self.send(identity, wire.Assign(sessions=specs))
+
+
+_BY_KIND = {wire.Credit: Scheduler.credit, wire.SessionUpdate: Scheduler.update, wire.Result: Scheduler.result}

@@ -92,6 +92,7 @@ class Orchestrator:
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.plain = zmq.Socket.shadow(self.sock.underlying)  # the same socket: plain non-blocking calls
         wire.limit_size(self.sock)
         self.auth = security.secure_server(self.ctx, self.sock, run_dir)
         if self.auth is None and not _loopback(host):
@@ -104,6 +105,8 @@ class Orchestrator:
         self.endpoint = f"tcp://{advertise or host}:{port}"
         self.refusals = Refusals()
         self._outbox: list[tuple[bytes, wire.Message]] | None = None  # while a batch is handled
+        self._held: dict[bytes, list[list[bytes]]] = {}  # peer -> messages waiting for room in its queue
+        self._senders: set[asyncio.Task] = set()
         self.stopping = asyncio.Event()
         peers = wire.Liveness(topology.gateway.peer_timeout_s)
         self.registry = Registry(self.service, topology.engine.kind, topology.engine.weight_version, engine_urls,
@@ -153,10 +156,32 @@ class Orchestrator:
         self._send(identity, msg)
 
     def _send(self, identity: bytes, msg: wire.Message) -> None:
+        """A plain non-blocking send; when the peer's queue is full, its messages wait, in order,
+        for room while the loop goes on."""
+        frames = [identity, wire.encode(msg)]
+        if identity in self._held:
+            self._held[identity].append(frames)
+            return
         try:
-            self.sock.send_multipart([identity, wire.encode(msg)])
+            self.plain.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self._held[identity] = [frames]
+            task = asyncio.get_running_loop().create_task(self._send_held(identity))
+            self._senders.add(task)
+            task.add_done_callback(self._senders.discard)
         except zmq.ZMQError as e:  # the peer is gone (ROUTER_MANDATORY)
             log.warning("cannot reach %r: %s", identity, e)
+
+    async def _send_held(self, identity: bytes) -> None:
+        held = self._held[identity]
+        try:
+            while held:
+                await self.sock.send_multipart(held[0])
+                held.pop(0)
+        except zmq.ZMQError as e:
+            log.warning("cannot reach %r: %s (%d messages dropped)", identity, e, len(held))
+        finally:
+            del self._held[identity]
 
     def to_gateways(self, msg: wire.Message) -> None:
         for identity in list(self.scheduler.gateways):
@@ -167,12 +192,11 @@ class Orchestrator:
         messages waiting are taken in one batch (up to _BATCH); their journal lines are written
         once, then their answers are sent."""
         secured = self.auth is not None
-        waiting = zmq.Socket.shadow(self.sock.underlying)  # plain non-blocking reads of the same socket
         while True:
             batch = [await self.sock.recv_multipart(copy=False)]
             while len(batch) < _BATCH:
                 try:
-                    batch.append(waiting.recv_multipart(zmq.NOBLOCK, copy=False))
+                    batch.append(self.plain.recv_multipart(zmq.NOBLOCK, copy=False))
                 except zmq.Again:
                     break
             self._outbox = []
@@ -254,6 +278,7 @@ ROUTES: dict[type, Route] = {
     wire.Credit: Route(lambda o, peer, m: o.scheduler.credit(peer, m), _GATEWAY),
     wire.SessionUpdate: Route(lambda o, peer, m: o.scheduler.update(peer, m), _GATEWAY),
     wire.Result: Route(lambda o, peer, m: o.scheduler.result(peer, m), _GATEWAY),
+    wire.Report: Route(lambda o, peer, m: o.scheduler.report(peer, m), _GATEWAY),
     wire.EngineHello: Route(lambda o, peer, m: o.registry.hello(peer, m), _ENGINE),
     wire.EngineBye: Route(lambda o, peer, m: o.registry.lose(peer, "deregistered"), _ENGINE),
     wire.Heartbeat: Route(lambda o, peer, m: None, _MEMBERS),  # its sign of life is noted for any message

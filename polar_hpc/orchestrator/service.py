@@ -22,6 +22,7 @@ from typing import Any
 
 import pydantic
 
+from polar_hpc import wire
 from polar_hpc.config import ConfigError, Task, duplicate_ids
 
 
@@ -46,12 +47,16 @@ class Batches:
                 self.max_staleness[batch_id] = max_staleness
         return added, known
 
-    def is_stale(self, task_id: str, assigned: int | None, newest: int | None) -> bool:
-        """A session dispatched under policy `assigned` that ends when `newest` is current lags by
-        at most newest - assigned versions; beyond its batch's max_staleness it is stale."""
+    def is_stale(self, task_id: str, assigned: str, newest: str) -> bool:
+        """A session dispatched under weight version `assigned` that ends when `newest` is current lags
+        by at most newest - assigned versions (`wire.version_number`); beyond its batch's
+        max_staleness it is stale."""
         batch = self.batch_of.get(task_id)
         allowed = self.max_staleness.get(batch) if batch is not None else None
-        if allowed is None or assigned is None or newest is None or newest - assigned <= allowed:
+        if allowed is None:  # most batches: no version parsed per result
+            return False
+        then, now = wire.version_number(assigned), wire.version_number(newest)
+        if then is None or now is None or now - then <= allowed:
             return False
         self.stale[batch] += 1
         return True

@@ -13,6 +13,8 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
+import msgspec
+
 from polar_hpc import wire
 from polar_hpc.config import Task
 
@@ -27,17 +29,17 @@ class Session:
     state: str = "queued"
     gateway: bytes | None = None
     result: wire.Result | None = None
+    session_id: str = field(init=False)  # `<task>#<sample>.<attempt>`, made once
 
-    @property
-    def session_id(self) -> str:
-        return f"{self.task.id}#{self.sample_index}.{self.attempt}"
+    def __post_init__(self) -> None:
+        self.session_id = f"{self.task.id}#{self.sample_index}.{self.attempt}"
 
 
 @dataclass
 class SessionTable:
     sessions: dict[str, Session] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)
-    _dumped: dict[str, dict] = field(default_factory=dict)  # task id -> the task as SessionSpec carries it
+    _dumped: dict[str, msgspec.Raw] = field(default_factory=dict)  # task id -> the task as SessionSpec carries it
     states: Counter = field(default_factory=Counter)  # state -> sessions in it
     _rewards: list[float] = field(default_factory=lambda: [0.0, 0])  # sum and count of the rewards
     _tokens: int = 0
@@ -82,23 +84,21 @@ class SessionTable:
         self._move(s, "cancelled")
         return s
 
-    def take(self, gateway: bytes) -> wire.SessionSpec | None:
-        """Dispatch the next queued session to `gateway`; its deadline starts now."""
-        if not self.queue:
-            return None
-        s = self.queue.popleft()
-        self._move(s, "assigned")
-        s.gateway = gateway
-        task = self._dumped.get(s.task.id)
-        if task is None:  # once per task, not per session
-            task = self._dumped[s.task.id] = s.task.model_dump(mode="json")
-        return wire.SessionSpec(
-            session_id=s.session_id,
-            task=task,
-            sample_index=s.sample_index,
-            attempt=s.attempt,
-            deadline=time.time() + s.task.timeout_s,
-        )
+    def take(self, gateway: bytes, n: int) -> list[wire.SessionSpec]:
+        """Dispatch up to `n` queued sessions to `gateway`, in queue order; their deadlines start now."""
+        specs = []
+        now = time.time()
+        while self.queue and len(specs) < n:
+            s = self.queue.popleft()
+            s.state, s.gateway = "assigned", gateway
+            task = self._dumped.get(s.task.id)
+            if task is None:  # dumped and encoded once per task, not per session
+                task = self._dumped[s.task.id] = wire.raw(s.task.model_dump(mode="json"))
+            specs.append(wire.SessionSpec(session_id=s.session_id, task=task, sample_index=s.sample_index,
+                                          attempt=s.attempt, deadline=now + s.task.timeout_s))
+        self.states["queued"] -= len(specs)
+        self.states["assigned"] += len(specs)
+        return specs
 
     def update(self, session_id: str, state: str) -> Session | None:
         s = self.sessions.get(session_id)

@@ -71,7 +71,7 @@ class _Orchestrator:
         task = Task(id=task_id, instruction="-", timeout_s=timeout_s, harness={"command": command})
         spec = wire.SessionSpec(session_id=task_id, task=task.model_dump(mode="json"), sample_index=0,
                                 attempt=0, deadline=time.time() + timeout_s)
-        self.send(wire.Assign(session=spec))
+        self.send(wire.Assign(sessions=[spec]))
 
     def send(self, msg: wire.Message) -> None:
         self.router.send_multipart([self.gateway, wire.encode(msg)])
@@ -92,10 +92,11 @@ class _Orchestrator:
                 self.gateway = identity
             elif isinstance(msg, wire.Heartbeat):
                 self.beats.append(time.monotonic())
-            elif isinstance(msg, wire.Credit):
-                self.credits += msg.n
-            elif isinstance(msg, wire.Result):
-                self.results[msg.session_id] = msg
+            for item in msg.items if isinstance(msg, wire.Report) else ():
+                if isinstance(item, wire.Credit):
+                    self.credits += item.n
+                elif isinstance(item, wire.Result):
+                    self.results[item.session_id] = item
 
     def close(self) -> None:
         for proc in self.procs:

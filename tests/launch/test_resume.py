@@ -49,7 +49,7 @@ def test_a_sealed_result_of_an_interrupted_attempt_is_adopted_not_rerun(tmp_path
         got: list = []
         while not any(isinstance(m, wire.StatusReply) for m in got) and gw.poll(5000):
             got.append(wire.decode(gw.recv()))  # in order: the dispatch first, then the reply
-        sessions = sorted(m.session.session_id for m in got if isinstance(m, wire.Assign))
+        sessions = sorted(s.session_id for m in got if isinstance(m, wire.Assign) for s in m.sessions)
         assert sessions == ["t#2.1", "t#3.2", "t#4.1"]  # samples 0 and 1 are not run again
         status = next(m for m in got if isinstance(m, wire.StatusReply))  # answered after the dispatch
         assert status.states == {"completed": 2, "assigned": 3}

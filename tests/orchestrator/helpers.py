@@ -11,11 +11,13 @@ from pathlib import Path
 from polar_hpc import wire
 
 
-def start_orchestrator(run_dir: Path, topology: str, task: dict | None, args: tuple = ()) -> tuple[subprocess.Popen, str]:
-    """Write the run's topology and one task (none: an empty task file), start `polar-hpc orchestrator`
-    with `args`, return it and its endpoint."""
+def start_orchestrator(run_dir: Path, topology: str, task: dict | list[dict] | None,
+                       args: tuple = ()) -> tuple[subprocess.Popen, str]:
+    """Write the run's topology and its task or tasks (none: an empty task file), start `polar-hpc
+    orchestrator` with `args`, return it and its endpoint."""
     (run_dir / "topology.yaml").write_text(topology)
-    (run_dir / "tasks.jsonl").write_text(json.dumps(task) + "\n" if task is not None else "")
+    tasks = [] if task is None else task if isinstance(task, list) else [task]
+    (run_dir / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "orchestrator", "--run-dir", str(run_dir), *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     rendezvous = run_dir / "rendezvous.json"
@@ -35,6 +37,15 @@ def reply(sock, kind, timeout_s: float = 5.0):
         if isinstance(msg, kind):
             return msg
     return None
+
+
+def assigned(sock, n: int, timeout_s: float = 5.0) -> list[wire.SessionSpec]:
+    """The next `n` sessions assigned on `sock`, over as many Assign messages as they came in."""
+    specs: list[wire.SessionSpec] = []
+    while len(specs) < n:
+        specs += next_message(sock, wire.Assign, timeout_s).sessions
+    assert len(specs) == n, f"{len(specs)} sessions assigned where {n} were expected"
+    return specs
 
 
 def next_message(sock, kind, timeout_s: float = 5.0):

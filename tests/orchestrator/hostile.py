@@ -19,6 +19,10 @@ JUNK = [  # each is one multipart a DEALER sends (a ZMTP peer cannot send zero f
     [msgspec.msgpack.encode({"type": "NoSuchMessage"})],
     [msgspec.msgpack.encode([1, [2, {"a": None}]])],
     [b"\x91" * 100_000 + b"\xc0"],  # nested 100 000 deep
+    [msgspec.msgpack.encode({"type": "Report", "items": [{"type": "Hello", "gateway_id": "x", "host": "h",
+                                                          "slots": 1}]})],  # a kind a Report does not carry
+    [msgspec.msgpack.encode({"type": "Report", "items": [{"type": "Report", "items": []}]})],  # nested
+    [msgspec.msgpack.encode({"type": "Report", "items": 5})],
 ]
 
 

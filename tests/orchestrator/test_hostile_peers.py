@@ -19,14 +19,6 @@ TOPOLOGY = "gateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 5.0\n"
 TASK = {"id": "t", "instruction": "hi", "num_samples": 2, "harness": {"command": "true"}}
 
 
-@pytest.fixture
-def ctx():
-    context = zmq.Context()
-    context.setsockopt(zmq.LINGER, 0)
-    yield context
-    context.destroy(linger=0)
-
-
 def _peer(ctx, endpoint: str, run_dir: Path, role: str) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
     security.secure_client(sock, run_dir, role)
@@ -52,8 +44,8 @@ def _run_one_session(ctx, endpoint: str, run_dir: Path) -> None:
     gw = _peer(ctx, endpoint, run_dir, security.GATEWAY)
     gw.send(wire.encode(wire.Hello(gateway_id="g", host="h", slots=2)))
     gw.send(wire.encode(wire.Credit(n=2)))
-    for _ in range(2):
-        gw.send(wire.encode(_result(_reply(gw, wire.Assign).session.session_id)))
+    for spec in _reply(gw, wire.Assign).sessions:
+        gw.send(wire.encode(_result(spec.session_id)))
     admin = _peer(ctx, endpoint, run_dir, security.ADMIN)
     deadline = time.monotonic() + 10
     while not (status := _ask(admin, wire.StatusRequest(), wire.StatusReply)).done:
@@ -92,7 +84,7 @@ def test_each_role_sends_only_its_own_kinds(tmp_path: Path, ctx) -> None:
         gw = _peer(ctx, endpoint, tmp_path, security.GATEWAY)
         gw.send(wire.encode(wire.Hello(gateway_id="g", host="h", slots=1)))
         gw.send(wire.encode(wire.Credit(n=1)))
-        spec = _reply(gw, wire.Assign).session
+        (spec,) = _reply(gw, wire.Assign).sessions
 
         client = _peer(ctx, endpoint, tmp_path, security.CLIENT)
         engine = _peer(ctx, endpoint, tmp_path, security.ENGINE)
@@ -106,7 +98,10 @@ def test_each_role_sends_only_its_own_kinds(tmp_path: Path, ctx) -> None:
             intruder.send(wire.encode(wire.Credit(n=9)))
             intruder.send(wire.encode(wire.Shutdown(reason="intruder")))
         client.send(wire.encode(wire.EngineHello(engine_id="e", url="http://evil:1", weight_version="v9", host="h")))
-        client.send(wire.encode(wire.Assign(session=spec)))  # a kind nobody sends the orchestrator
+        client.send(wire.encode(wire.Assign(sessions=[spec])))  # a kind nobody sends the orchestrator
+        for intruder in (client, engine, other_gw):  # the same news in one Report
+            intruder.send(wire.encode(wire.Report(items=[wire.SessionUpdate(session_id=spec.session_id, state="RUN",
+                                                                            t=0.0), _result(spec.session_id)])))
         assert _reply(client, wire.Assign, 0.5) is None and _reply(engine, wire.Assign, 0.1) is None
         for request in (wire.SubmitTasks(batch_id="b", tasks=[TASK | {"id": "u"}]),
                         wire.UpdateWeights(model_path="/w", weight_version="v1"),
@@ -136,3 +131,4 @@ def test_each_role_sends_only_its_own_kinds(tmp_path: Path, ctx) -> None:
     log = proc.stdout.read().decode()
     assert "not a gateway running it" in log and "refused Shutdown: the client key may not send it" in log
     assert "refused Hello: the engine key may not send it" in log and "Traceback" not in log
+    assert "refused Report: the client key may not send it" in log

@@ -26,7 +26,7 @@ def test_what_peers_were_told_survives_a_kill(tmp_path: Path) -> None:
         client.connect(endpoint)
         gw.send(wire.encode(wire.Hello(gateway_id="g", host="h", slots=3)))
         gw.send(wire.encode(wire.Credit(n=3)))
-        assigned = [next_message(gw, wire.Assign).session.session_id for _ in range(3)]
+        assigned = [s.session_id for s in next_message(gw, wire.Assign).sessions]
         gw.send(wire.encode(wire.SessionUpdate(session_id=assigned[0], state="RUN", t=0.0)))
         gw.send(wire.encode(wire.Result(session_id=assigned[0], status="completed", reward=1.0, n_calls=1,
                                         n_traces=1, n_tokens=4, shard="g-000001.shard")))

@@ -39,19 +39,19 @@ def test_silent_gateway_sessions_are_requeued_to_another(orchestrator) -> None:
     silent = _peer(ctx, endpoint)
     silent.send(wire.encode(wire.Hello(gateway_id="silent", host="h", slots=1)))
     silent.send(wire.encode(wire.Credit(n=1)))
-    first = _next(silent, wire.Assign).session
+    (first,) = _next(silent, wire.Assign).sessions
     assert first.attempt == 0 and first.deadline > time.time()
     _next(silent, wire.Heartbeat)  # the orchestrator heartbeats its gateways
 
     alive = _peer(ctx, endpoint)
     alive.send(wire.encode(wire.Hello(gateway_id="alive", host="h", slots=4)))
     alive.send(wire.encode(wire.Credit(n=4)))
-    got = [_next(alive, wire.Assign).session]  # the second sample, at once
+    got = _next(alive, wire.Assign).sessions  # the second sample, at once
     t_silent = time.monotonic()
     while len(got) < 2:  # the silent gateway's session, once it is declared lost
         alive.send(wire.encode(wire.Heartbeat(sender="alive", t=time.time())))
         try:
-            got.append(_next(alive, wire.Assign, timeout_s=0.2).session)
+            got += _next(alive, wire.Assign, timeout_s=0.2).sessions
         except AssertionError:
             pass
         assert time.monotonic() - t_silent < 10

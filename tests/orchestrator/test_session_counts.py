@@ -32,7 +32,7 @@ def test_counts_follow_every_move() -> None:
         queued = [s for s in table.sessions.values() if s.state == "queued"]
         op = rng.random()
         if op < 0.2:
-            table.take(b"gateway")
+            table.take(b"gateway", 1)
         elif op < 0.4 and held:
             table.update(rng.choice(held).session_id, rng.choice(["INIT", "READY", "RUN", "POSTRUN"]))
         elif op < 0.6 and held:

@@ -38,7 +38,7 @@ def test_any_multipart_from_the_gateway_end_leaves_the_link_alive(short_tmp, gat
     proxy = start_proxy(short_tmp, gateway, engine[0], name="hl", mode="passthrough")
     try:
         for frames in JUNK + [[b"\0" * (wire.MAX_MESSAGE_BYTES + 1)], [wire.encode(wire.Assign(
-                session=wire.SessionSpec(session_id="s", task={}, sample_index=0, attempt=0, deadline=0.0)))]]:
+                sessions=[wire.SessionSpec(session_id="s", task={}, sample_index=0, attempt=0, deadline=0.0)]))]]:
             gateway.send(frames)
         assert _ask(proxy, "after-junk")  # the link still carries sessions, and the call is recorded
         assert gateway.expect(wire.CallRecord).session_id == "after-junk"

@@ -22,7 +22,7 @@ from polar_hpc import wire
 from polar_hpc.client import Client
 from polar_hpc.config import ConfigError
 from tests.conftest import polar
-from tests.orchestrator.helpers import next_message, start_orchestrator
+from tests.orchestrator.helpers import assigned, start_orchestrator
 
 
 def _start_engine(tmp_path: Path) -> tuple[subprocess.Popen, str]:
@@ -119,7 +119,7 @@ def test_sessions_older_than_max_staleness_are_marked(tmp_path: Path) -> None:
             gateway.connect(endpoint)  # a gateway, speaking the protocol by hand: takes both under v0
             gateway.send(wire.encode(wire.Hello(gateway_id="g", host="h", slots=2)))
             gateway.send(wire.encode(wire.Credit(n=2)))
-            sessions = [next_message(gateway, wire.Assign).session.session_id for _ in range(2)]
+            sessions = [s.session_id for s in assigned(gateway, 2)]
             client.update_weights(tmp_path / "w1", "v1")
             client.update_weights(tmp_path / "w2", "v2")  # both sessions now lag by 2 versions
             for sid in sessions:
