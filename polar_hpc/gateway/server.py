@@ -33,7 +33,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from polar_hpc import procs, security, wire
+from polar_hpc import metrics, procs, security, wire
 from polar_hpc.config import Topology, load_topology
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
 from polar_hpc.sandbox import Cgroups, SandboxError, backend
@@ -124,6 +124,8 @@ class _Gateway:
         self.opts = opts
         self.cgroups = cgroups
         self.topology: Topology = load_topology(opts.run_dir / "topology.yaml")
+        m = self.topology.metrics
+        self.meter = metrics.GatewayMeter(opts.gateway_id, m.interval_s) if m.enabled else None
         self.ctx = zmq.asyncio.Context()
         self.stopping = asyncio.Event()
         self.exit_code = 0
@@ -205,6 +207,7 @@ class _Gateway:
         args += ["--unix-socket", str(http_socket)]
         log_path = opts.run_dir / "logs" / f"proxy-{node}-{opts.gateway_id}.log"
         env = security.engine_env(opts.run_dir) | {security.PROXY_LINK_ENV: self.proxy.link_id}
+        env[metrics.ENV] = str(topo.metrics.interval_s if topo.metrics.enabled else 0)
         return procs.spawn("proxy", args, log_path, env)
 
     async def _wait_for_proxy(self, proxy_proc) -> None:
@@ -232,7 +235,10 @@ class _Gateway:
                 log.exception("handling a %s failed", type(msg).__name__)
 
     def _from_proxy(self, identity: bytes, msg: wire.AnyMessage) -> None:
-        if self.proxy.on_message(identity, msg):
+        if isinstance(msg, wire.Metrics) and identity == self.proxy.link_id.encode():
+            msg.role = "proxy"  # forwarded as the proxy's, whatever it says it is
+            self._to_orchestrator(msg)
+        elif self.proxy.on_message(identity, msg):
             self.liveness.heard("proxy")
         else:
             log.error("dropped a %s from a peer that is not the proxy", type(msg).__name__)
@@ -257,6 +263,8 @@ class _Gateway:
             log.error("dropped a %s from the orchestrator: not a message of that link", type(msg).__name__)
 
     def _to_orchestrator(self, msg: wire.Message) -> None:
+        if self.meter is not None and self.meter.sent(msg):
+            self.orch.send(wire.encode(self.meter.snapshot()))
         self.orch.send(wire.encode(msg))
 
     async def _tick(self) -> None:
@@ -264,6 +272,8 @@ class _Gateway:
         while not self.stopping.is_set():
             beat = wire.Heartbeat(sender=self.opts.gateway_id, t=time.time())
             self._to_orchestrator(beat)
+            if self.meter is not None and self.meter.due():
+                self._to_orchestrator(self.meter.snapshot())
             if self.proxy.identity is not None:
                 self.proxy.send(beat)
             self.writer.maybe_roll()

@@ -72,9 +72,7 @@ class Dashboard:
     async def _auth(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
         if request.path in _FILES:
             return await handler(request)
-        header = request.headers.get("Authorization", "")
-        given = header[7:] if header.startswith("Bearer ") else request.query.get("token", "")
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
+        if not authorized(request, self.token):
             return web.json_response({"error": "missing or wrong access token"}, status=401)
         return await handler(request)
 
@@ -136,6 +134,13 @@ class Dashboard:
                         self.log.append(self.reader.overview())
             await asyncio.to_thread(step)
             await asyncio.sleep(self.opts.poll_s)
+
+
+def authorized(request: web.Request, token: str) -> bool:
+    """The request bears `token` (`Authorization: Bearer` or `?token=`), compared in constant time."""
+    header = request.headers.get("Authorization", "")
+    given = header[7:] if header.startswith("Bearer ") else request.query.get("token", "")
+    return hmac.compare_digest(given.encode(), token.encode())
 
 
 def _number(query: Any, name: str, kind: type) -> Any:
