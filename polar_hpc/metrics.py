@@ -124,6 +124,7 @@ class ProxyMeter(Meter):
         self._added_s, self._calls = f["polar_proxy_added_seconds"], f["polar_proxy_calls"]
         tokens = f["polar_proxy_tokens"]
         self._prompt, self._sampled = tokens.labels("prompt"), tokens.labels("sampled")
+        self._by_api: dict[tuple[str, Any], Any] = {}  # (api, mode) -> its labelled counter
 
     @classmethod
     def from_env(cls, process: str) -> ProxyMeter | None:
@@ -132,7 +133,11 @@ class ProxyMeter(Meter):
 
     def call(self, api: str, record: wire.CallRecord) -> None:
         meta = record.meta
-        self._calls.labels(api, str(meta.get("mode", ""))).inc()
+        key = (api, meta.get("mode", ""))
+        calls = self._by_api.get(key)
+        if calls is None:
+            calls = self._by_api[key] = self._calls.labels(api, str(key[1]))
+        calls.inc()
         self._call_s.observe(record.t_end - record.t_start)
         self._engine_s.observe(meta["engine_ms"] / 1000)
         self._added_s.observe(meta["proxy_ms"] / 1000)

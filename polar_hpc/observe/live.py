@@ -148,7 +148,10 @@ def engine_queues(text: str) -> dict[str, float]:
         for figure, names in _QUEUES.items():
             name = next((n for n in names if line.startswith(n) and line[len(n):len(n) + 1] in ("{", " ")), None)
             if name is not None:
-                value = float(line.rsplit(None, 1)[-1])
+                try:
+                    value = float(line.rsplit(None, 1)[-1])
+                except ValueError:
+                    continue
                 if math.isfinite(value):
                     found[figure] = found.get(figure, 0.0) + value
     return found

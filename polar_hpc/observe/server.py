@@ -3,7 +3,7 @@
 One aiohttp server (loopback by default). The page (`assets/`: plain HTML, JS and CSS, shipped in
 the package) calls JSON APIs; every API and `/metrics` needs the access token printed at start,
 as `Authorization: Bearer TOKEN` or `?token=TOKEN` (the page URL carries it), compared in constant
-time. APIs: `/api/overview` (progress, ETA, figures, gateways, processes), `/api/series` (plots),
+time. APIs: `/api/overview` (progress, ETA, figures, gateways, processes), `/api/series` (plots; `live`: the orchestrator's call latency and engine queue points),
 `/api/errors` (kinds with their lines), `/api/trajectories` (browser rows: `task`, `status`,
 `min_reward`, `max_reward`, `offset`, `limit` <= 500), `/api/trajectory/{id}` (an id from those
 rows: the server reads the record at the place it found it; no request names a path), and
@@ -60,7 +60,8 @@ class Dashboard:
         for route in _FILES:
             app.router.add_get(route, self._asset)
         app.router.add_get("/api/overview", self._json(lambda r: self.reader.overview()))
-        app.router.add_get("/api/series", self._json(lambda r: self.reader.series.view()))
+        app.router.add_get("/api/series", self._json(lambda r: {**self.reader.series.view(),
+                                                                "live": self.reader.live.points}))
         app.router.add_get("/api/errors", self._json(self._errors))
         app.router.add_get("/api/trajectories", self._json(self._trajectories))
         app.router.add_get("/api/trajectory/{id}", self._json(self._trajectory))

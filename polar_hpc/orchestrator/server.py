@@ -11,7 +11,9 @@ keys), or a service request in a batch run, never reaches a part; it is logged a
 only to loopback. The messages waiting are handled as one batch: the batch's journal lines are
 written in one write, then its answers are sent, so a crash loses nothing a peer was told. Its
 endpoint (and, with keys, its CURVE public key) is written to `<run>/rendezvous.json`
-(`procs.write_ready`: mode 0600, atomically) once it is bound.
+(`procs.write_ready`: mode 0600, atomically) once it is bound, with the URL and token of its
+Prometheus `/metrics` (`observe.live`: gateways' and proxies' snapshots, `wire.Metrics`, taken
+from gateway keys only) unless the topology turns metrics off.
 
 When the journal already holds an earlier life of the run (a requeued job), it resumes: finished
 (task, sample) keys are not redone, the others run again as new attempts; a resumed service run

@@ -162,6 +162,8 @@ def test_metrics_need_the_token(live: Path) -> None:
     assert _get(url, "wrong")[0] == 401
     assert _get(url, r["metrics_token"] + "x")[0] == 401
     assert _get(f"{url}?token={r['metrics_token']}")[0] == 200
+    shown = polar("status", live)
+    assert f"Prometheus: {url}" in shown.stdout, shown.stdout + shown.stderr
 
 
 def _peer(run_dir: Path, role: str) -> zmq.Socket:
@@ -228,6 +230,12 @@ def test_metrics_log_holds_the_processes(live: Path) -> None:
     assert proxy["polar_proxy_call_seconds_count"] > 0
     assert not any(k.endswith("_bucket") or "_bucket{" in k for k in proxy)
     assert list(last["engines"].values())[0]["up"] == 1
+    reader = RunReader(live)  # the dashboard's plots of these lines
+    reader.poll()
+    points = reader.live.points
+    assert sum(p["calls"] for p in points) == reader.overview()["calls"]
+    timed = [p for p in points if p["engine_ms"] is not None]
+    assert timed and all(p["engine_ms"] > 0 and p["proxy_ms"] >= 0 for p in timed)
 
 
 def test_metrics_off(tmp_path: Path) -> None:
