@@ -29,7 +29,6 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest

@@ -1,13 +1,14 @@
 """The orchestrator's lines of `<run>/metrics.jsonl`, as plot points (`LiveLog`).
 
 Each line the orchestrator appended (`"source": "orchestrator"`, see `observe.live`) becomes one
-point `{"t", "engine_ms", "proxy_ms", "calls", "running", "waiting"}`: the mean milliseconds a
-call spent on engines and in the proxy since the line before (from the change of every proxy's
-`_sum` and `_count`; None when no call ended meanwhile or a counter went back, as a restarted
-proxy's does), the calls that ended meanwhile (since the point before: a skipped line's calls count in the next), and the requests the engines ran and queued at that
-moment. Other lines (the dashboard's own) and malformed ones are skipped. Reading is incremental
-and bounded (`Tail`: 4 MiB a poll, a line at most 1 MiB); at most `max_points` points are kept,
-every other one dropped (and then every other line skipped) each time there would be more.
+point `{"t", "engine_ms", "proxy_ms", "calls", "running", "waiting"}`: the mean milliseconds a call
+spent on engines and in the proxy since the line before (from the change of every proxy's `_sum`
+and `_count`; None when no call ended meanwhile or a counter went back, as a restarted proxy's
+does), the calls that ended meanwhile (a skipped line's calls count in the next point), and the
+requests the engines ran and queued at that moment. Other lines (the dashboard's own) and malformed
+ones are skipped. Reading is incremental and bounded (`Tail`: 4 MiB a poll, a line at most 1 MiB);
+at most `max_points` points are kept, every other one dropped (and then every other line skipped)
+each time there would be more.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """`polar-hpc dashboard RUN_DIR`: a web page of a run, live or finished, read from its run dir.
 
 One aiohttp server (loopback by default). The page (`assets/`: plain HTML, JS and CSS, shipped in
-the package) calls JSON APIs; every API and `/metrics` needs the access token printed at start,
-as `Authorization: Bearer TOKEN` or `?token=TOKEN` (the page URL carries it), compared in constant
-time. APIs: `/api/overview` (progress, ETA, figures, gateways, processes), `/api/series` (plots; `live`: the orchestrator's call latency and engine queue points),
-`/api/errors` (kinds with their lines), `/api/trajectories` (browser rows: `task`, `status`,
-`min_reward`, `max_reward`, `offset`, `limit` <= 500), `/api/trajectory/{id}` (an id from those
-rows: the server reads the record at the place it found it; no request names a path), and
-`/metrics` (Prometheus text). A background task polls the run dir every `poll_s` and, when the run
-dir is writable, appends a snapshot to `<run>/metrics.jsonl` every `log_every_s`.
+the package) calls JSON APIs; every API and `/metrics` needs the access token printed at start, as
+`Authorization: Bearer TOKEN` or `?token=TOKEN` (the page URL carries it), compared in constant
+time. APIs: `/api/overview` (progress, ETA, figures, gateways, processes), `/api/series` (plots;
+`live`: `observe.livelog`'s points of call latency and engine queues), `/api/errors` (kinds with
+their lines), `/api/trajectories` (browser rows: `task`, `status`, `min_reward`, `max_reward`,
+`offset`, `limit` <= 500), `/api/trajectory/{id}` (an id from those rows: the server reads the
+record at the place it found it; no request names a path), and `/metrics` (Prometheus text). A
+background task polls the run dir every `poll_s` and, when the run dir is writable, appends a
+snapshot to `<run>/metrics.jsonl` every `log_every_s`.
 """
 
 from __future__ import annotations

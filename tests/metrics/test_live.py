@@ -5,11 +5,7 @@ peers holding the run's keys; the metrics log; and a run with metrics off."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -22,18 +18,13 @@ import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, polar
+from conftest import ROOT, background, polar
 from polar_hpc import security, wire
 from polar_hpc.observe import RunReader
 from polar_hpc.shards import iter_trajectories
 
 CALCULATOR = ROOT / "examples" / "calculator"
 DELAY_MS = 3.0  # the scripted engine's time per sampled token
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def _tasks(tmp: Path, slow: bool) -> Path:
@@ -45,7 +36,9 @@ def _tasks(tmp: Path, slow: bool) -> Path:
              {"id": "crash", "instruction": "x", "harness": {"command": "exit 5"}}]
     if slow:
         tasks.append({"id": "slow", "instruction": "x", "timeout_s": 900, "harness": {"command": "sleep 900"}})
-    return write_jsonl(tmp / "tasks.jsonl", tasks)
+    path = tmp / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    return path
 
 
 def _ended(run_dir: Path) -> int:
@@ -63,23 +56,10 @@ def live(tmp_path_factory) -> Iterator[Path]:
     topo.write_text(f"engine:\n  token_delay_ms: {DELAY_MS}\ngateway:\n  shard_max_age_s: 0.5\n"
                     "metrics:\n  interval_s: 0.3\n")
     run_dir = tmp / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", str(_tasks(tmp, slow=True)), "-c", str(topo),
-                             "--run-dir", str(run_dir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and _ended(run_dir) < 4:
-            time.sleep(0.5)
-        assert _ended(run_dir) == 4, "the quick sessions never ended"
+    args = ["run", _tasks(tmp, slow=True), "-c", topo, "--run-dir", run_dir]
+    with background(args, run_dir, lambda d: _ended(d) == 4, "the quick sessions never ended", timeout=300):
         time.sleep(2.0)  # their shards sealed (0.5 s) and a few snapshot periods
         yield run_dir
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _rendezvous(run_dir: Path) -> dict:
