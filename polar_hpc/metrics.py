@@ -10,8 +10,10 @@ variable, so it follows the call's task), `engine_time(t0)` adds the time since 
 on an engine (every attempt), and `call_timings(meta, t_start, t_end)` writes `engine_ms` and
 `proxy_ms` (the call's time less the engine's) into the CallRecord's meta, metrics on or off. The
 gateway's (`GatewayMeter`) watches the messages it sends the orchestrator: sessions by stage and
-ended by status, INIT (sandbox start and prepare) seconds, failures by status; a session's end
-sends a snapshot at once (the proxy's on closing a session, the gateway's before its Result).
+ended by status, INIT (sandbox start and prepare) seconds, failures by status. A process sends a
+snapshot every `every_s`, and when a session ends (the proxy's on closing it, the gateway's before
+its Result), at most one per MIN_GAP_S: one that would come sooner goes at the next heartbeat; so
+the orchestrator's figures trail a run's last sessions by at most a heartbeat.
 
 Metrics are on unless the topology says `metrics.enabled: false`; the gateway tells its proxy by
 the environment variable `ENV` (the snapshot interval in seconds, 0: off), so a proxy with
@@ -39,6 +41,7 @@ prometheus_client.disable_created_metrics()
 ENV = "POLAR_METRICS_S"
 MAX_SAMPLES = 2000  # in one snapshot: a proxy's or gateway's families need under 200
 MAX_LABEL = 128  # characters of a label value
+MIN_GAP_S = 0.25  # between two snapshots of one process: at most 4 a second, however fast sessions end
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 # family -> (type, help, label names)
@@ -78,17 +81,23 @@ class Meter:
             if name.startswith(f"polar_{role}_"):
                 extra = {"buckets": _SECONDS} if kind == "histogram" else {}
                 self.f[name] = _KINDS[kind](name, doc, labels, registry=self.registry, **extra)
-        self._sent = 0.0
+        self._sent = 0.0  # monotonic time of the last snapshot
+        self._ended = False  # a session ended since
 
     def due(self) -> bool:
-        """True once every `every_s` (the caller then sends `snapshot()`)."""
-        now = time.monotonic()
-        if now - self._sent < self.every_s:
-            return False
-        self._sent = now
-        return True
+        """Called every heartbeat: True (send `snapshot()` now) every `every_s`, or when a session
+        ended since the last snapshot."""
+        since = time.monotonic() - self._sent
+        return since >= self.every_s or (self._ended and since >= MIN_GAP_S)
+
+    def ended(self) -> bool:
+        """A session ended: True to send a snapshot now, unless one went in the last MIN_GAP_S
+        (then the next heartbeat's `due()` sends it)."""
+        self._ended = True
+        return time.monotonic() - self._sent >= MIN_GAP_S
 
     def snapshot(self) -> wire.Metrics:
+        self._sent, self._ended = time.monotonic(), False
         samples = [wire.MetricSample(s.name, dict(s.labels), float(s.value))
                    for family in self.registry.collect() for s in family.samples]
         return wire.Metrics(role=self.role, process=self.process, t=time.time(), samples=samples)
@@ -159,7 +168,7 @@ class GatewayMeter(Meter):
 
     def sent(self, msg: wire.Message) -> bool:
         """Note a message the gateway sends the orchestrator; True when a snapshot should go first
-        (a session ended: the orchestrator's figures are then final when the run ends)."""
+        (a session ended, see `ended`)."""
         stages = self.f["polar_gateway_sessions_in_stage"]
         if isinstance(msg, wire.SessionUpdate):
             was = self._stage.get(msg.session_id)
@@ -176,7 +185,7 @@ class GatewayMeter(Meter):
             self.f["polar_gateway_sessions_ended"].labels(msg.status).inc()
             if msg.status != "completed":
                 self.f["polar_gateway_errors"].labels(msg.status).inc()
-            return True
+            return self.ended()
         return False
 
 

@@ -193,7 +193,7 @@ class _Proxy:
             await asyncio.wait(stopped)
         self.mode.forget(session_id)
         self.router.forget(session_id)
-        if self.meter is not None:  # before SessionClosed: the gateway forwards it before the Result
+        if self.meter is not None and self.meter.ended():  # before SessionClosed: it reaches the orchestrator first
             self.link.send(self.meter.snapshot())
         self.link.send(wire.SessionClosed(session_id=session_id, n_calls=session.n_calls))
 
