@@ -52,12 +52,11 @@ import uvloop
 import zmq.asyncio
 from aiohttp import ClientError, web
 
-from polar_hpc import procs, wire
+from polar_hpc import metrics, procs, wire
 from polar_hpc.config import ConfigError
 from polar_hpc.engines import kinds
 from polar_hpc.proxy import aborted, anthropic, openai_responses
 from polar_hpc.proxy import openai_chat as oc
-from polar_hpc import metrics
 from polar_hpc.proxy.calls import BIG, BadRequest, ToolCall, assistant_message, offload, release_memory
 from polar_hpc.proxy.engine_client import EngineError
 from polar_hpc.proxy.gateway_link import GatewayLink
