@@ -138,6 +138,13 @@ class ServiceConfig(_Model):
     weight_update_mode: Literal["wait", "abort"] = "wait"  # in-flight calls: finish first, or abort (retried)
 
 
+class MetricsConfig(_Model):
+    enabled: bool = True  # per-process counters, the orchestrator's /metrics and metrics.jsonl (docs/observe.md)
+    interval_s: float = Field(5.0, gt=0, le=3600)  # how often each process sends a snapshot; the log's period
+    host: str = "127.0.0.1"  # where the orchestrator serves /metrics
+    port: int = Field(0, ge=0, le=65535)  # 0: a free port (its URL is in rendezvous.json)
+
+
 class Topology(_Model):
     run_dir: str | None = None
     engine: EngineConfig = EngineConfig()
@@ -146,6 +153,7 @@ class Topology(_Model):
     sandbox: SandboxConfig = SandboxConfig()
     slurm: SlurmConfig = SlurmConfig()
     service: ServiceConfig = ServiceConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
 
 # --- tasks ----------------------------------------------------------------------------------------

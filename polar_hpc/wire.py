@@ -17,6 +17,8 @@ shard records). Links:
   UpdateWeights -> WeightsUpdated, Drain -> StatusReply.
 - proxy <-> gateway (DEALER -> ROUTER over ipc): ProxyHello, OpenSession -> SessionOpened,
   CloseSession -> SessionClosed, CallRecord, Heartbeat, Engines.
+- metrics: Metrics, a process's counters now (proxy -> gateway, forwarded; gateway -> orchestrator),
+  checked by `polar_hpc.metrics.check` where the orchestrator takes it.
 
 TCP links are CURVE-encrypted with the run's keys, one keypair per peer role (`polar_hpc.security`);
 the orchestrator takes each message kind only from the roles allowed to send it.
@@ -315,6 +317,24 @@ class CallRecord(Message):
     meta: dict[str, Any] = {}  # capture mode, engine rid, chain, retries; chat view of other APIs
 
 
+# --- metrics (polar_hpc.metrics) ---------------------------------------------------------------
+
+
+class MetricSample(msgspec.Struct, array_like=True):
+    name: str  # a Prometheus sample name: a family of polar_hpc.metrics.CATALOG and its suffix
+    labels: dict[str, str]
+    value: float
+
+
+class Metrics(Message):
+    """A snapshot of one process's counters (`role`: proxy | gateway; `process`: its id)."""
+
+    role: str
+    process: str
+    t: float
+    samples: list[MetricSample]
+
+
 AnyMessage = Union[
     Heartbeat,
     Shutdown,
@@ -347,6 +367,7 @@ AnyMessage = Union[
     CloseSession,
     SessionClosed,
     CallRecord,
+    Metrics,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

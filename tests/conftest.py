@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,6 +22,27 @@ def polar(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedPro
         [sys.executable, "-m", "polar_hpc", *map(str, args)],
         capture_output=True, text=True, timeout=timeout, **kwargs,
     )
+
+
+@contextmanager
+def background(args: list, run_dir: Path, ready: Callable[[Path], bool], what: str, timeout: float = 180) -> Iterator[Path]:
+    """`polar-hpc ARGS` running in its own session until `ready(run_dir)` (asserted, with `what`
+    said otherwise); stopped with SIGINT (SIGKILL after 60 s) when the block ends."""
+    proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", *map(str, args)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not ready(run_dir):
+            time.sleep(0.5)
+        assert ready(run_dir), what
+        yield run_dir
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from pathlib import Path
 import zmq
 import zmq.asyncio
 
-from polar_hpc import procs, security, wire
+from polar_hpc import metrics, procs, security, wire
 from polar_hpc.config import Topology, load_topology
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
 from polar_hpc.sandbox import Cgroups, SandboxError, backend
@@ -156,11 +156,14 @@ class _Gateway:
         self.opts = opts
         self.cgroups = cgroups
         self.topology: Topology = load_topology(opts.run_dir / "topology.yaml")
+        m = self.topology.metrics
+        self.meter = metrics.GatewayMeter(opts.gateway_id, m.interval_s) if m.enabled else None
         self.ctx = zmq.asyncio.Context()
         self.stopping = asyncio.Event()
         self.exit_code = 0
         self.outbox = Outbox()
         self._flushing = False  # a flush of the outbox is scheduled
+        self._snapshot_due = False  # the meter has a snapshot to send before the next report
 
     async def run(self) -> int:
         opts, gw = self.opts, self.topology.gateway
@@ -240,6 +243,7 @@ class _Gateway:
         args += ["--unix-socket", str(http_socket)]
         log_path = opts.run_dir / "logs" / f"proxy-{node}-{opts.gateway_id}.log"
         env = security.engine_env(opts.run_dir) | {security.PROXY_LINK_ENV: self.proxy.link_id}
+        env[metrics.ENV] = str(topo.metrics.interval_s if topo.metrics.enabled else 0)
         return procs.spawn("proxy", args, log_path, env)
 
     async def _wait_for_proxy(self, proxy_proc) -> None:
@@ -267,7 +271,10 @@ class _Gateway:
                 log.exception("handling a %s failed", type(msg).__name__)
 
     def _from_proxy(self, identity: bytes, msg: wire.AnyMessage) -> None:
-        if self.proxy.on_message(identity, msg):
+        if isinstance(msg, wire.Metrics) and identity == self.proxy.link_id.encode():
+            msg.role = "proxy"  # forwarded as the proxy's, whatever it says it is
+            self._to_orchestrator(msg)
+        elif self.proxy.on_message(identity, msg):
             self.liveness.heard("proxy")
         else:
             log.error("dropped a %s from a peer that is not the proxy", type(msg).__name__)
@@ -293,6 +300,8 @@ class _Gateway:
             log.error("dropped a %s from the orchestrator: not a message of that link", type(msg).__name__)
 
     def _to_orchestrator(self, msg: wire.Message) -> None:
+        if self.meter is not None and self.meter.sent(msg):
+            self._snapshot_due = True  # a session ended: its counts reach the orchestrator before its result
         if isinstance(msg, _REPORTED):
             self.outbox.add(msg)
             if not self._flushing:
@@ -304,6 +313,9 @@ class _Gateway:
 
     def _flush(self) -> None:
         self._flushing = False
+        if self._snapshot_due and self.meter is not None:
+            self._snapshot_due = False
+            self.orch.send(wire.encode(self.meter.snapshot()))
         report = self.outbox.take()
         if report is not None:
             self.orch.send(wire.encode(report))
@@ -313,6 +325,8 @@ class _Gateway:
         while not self.stopping.is_set():
             beat = wire.Heartbeat(sender=self.opts.gateway_id, t=time.time())
             self._to_orchestrator(beat)
+            if self.meter is not None and self.meter.due():
+                self._to_orchestrator(self.meter.snapshot())
             if self.proxy.identity is not None:
                 self.proxy.send(beat)
             self.writer.maybe_roll()

@@ -3,10 +3,10 @@
 A job id is looked up in `~/.polar-hpc/jobs/` (written by submit, and by the driver when a job
 starts). Status shows the Slurm state and exit code (squeue, else sacct), then asks the
 orchestrator (over CURVE with the run's keys) for the engines and gateways (up, load), sessions
-by state, throughput and ETA. When it cannot be reached it tells the run's story from the files:
-sessions ended (by status) and never ended, from the journal; why the last life of the job
-stopped, from `<run>/journal/driver.jsonl` (a start with no end: the driver was killed); and, for
-a run whose job has ended with sessions left, the command that resumes it. Cancel asks the
+by state, throughput and ETA, and where its Prometheus /metrics is. When it cannot be reached it
+tells the run's story from the files: sessions ended (by status) and never ended, from the
+journal; why the last life of the job stopped, from `<run>/journal/driver.jsonl` (a start with no
+end: the driver was killed); and, for a run whose job has ended with sessions left, the command that resumes it. Cancel asks the
 orchestrator to shut the run down cleanly (gateways write what they hold, the driver exits) and
 falls back to `scancel`; a job that has already ended is said to be so at once.
 `status --watch` is a live terminal view read from the run dir (polar_hpc.observe.RunReader):
@@ -76,6 +76,9 @@ def show(target: str, console: Console) -> None:
     if reply.versions_in_flight:
         console.print(f"weight versions in flight: {_states(reply.versions_in_flight)}")
     console.print(f"throughput {reply.sessions_per_s * 60:.1f} sessions/min, ETA {eta}, tokens {reply.tokens}")
+    url = json.loads((run_dir / "rendezvous.json").read_text()).get("metrics_url")
+    if url:
+        console.print(f"Prometheus: {url} (its bearer token: metrics_token in {run_dir / 'rendezvous.json'})")
 
 
 def watch_run(target: str, console: Console, every_s: float = 2.0) -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_hpc.observe.figures import Kinds, Series, Stat, kind_of
+from polar_hpc.observe.livelog import LiveLog
 from polar_hpc.observe.tail import Tail
 from polar_hpc.shards import index
 from polar_hpc.shards.decisions import ACCEPT, STRAY, Decisions
@@ -74,12 +75,14 @@ class RunReader:
         self.rows: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._next_row = 0
         self.processes: dict[str, dict[str, Any]] = {}
+        self.live = LiveLog(self.run_dir)  # the orchestrator's lines of metrics.jsonl
 
     # -- reading ---------------------------------------------------------------------------------
     def poll(self) -> None:
         self._read_journal()
         self._read_shards()
         self._read_logs()
+        self.live.poll()
 
     def _read_journal(self) -> None:
         self.decisions.update()  # first: the keys queued so far give QUEUED while the lines below apply

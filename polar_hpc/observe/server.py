@@ -1,14 +1,15 @@
 """`polar-hpc dashboard RUN_DIR`: a web page of a run, live or finished, read from its run dir.
 
 One aiohttp server (loopback by default). The page (`assets/`: plain HTML, JS and CSS, shipped in
-the package) calls JSON APIs; every API and `/metrics` needs the access token printed at start,
-as `Authorization: Bearer TOKEN` or `?token=TOKEN` (the page URL carries it), compared in constant
-time. APIs: `/api/overview` (progress, ETA, figures, gateways, processes), `/api/series` (plots),
-`/api/errors` (kinds with their lines), `/api/trajectories` (browser rows: `task`, `status`,
-`min_reward`, `max_reward`, `offset`, `limit` <= 500), `/api/trajectory/{id}` (an id from those
-rows: the server reads the record at the place it found it; no request names a path), and
-`/metrics` (Prometheus text). A background task polls the run dir every `poll_s` and, when the run
-dir is writable, appends a snapshot to `<run>/metrics.jsonl` every `log_every_s`.
+the package) calls JSON APIs; every API and `/metrics` needs the access token printed at start, as
+`Authorization: Bearer TOKEN` or `?token=TOKEN` (the page URL carries it), compared in constant
+time. APIs: `/api/overview` (progress, ETA, figures, gateways, processes), `/api/series` (plots;
+`live`: `observe.livelog`'s points of call latency and engine queues), `/api/errors` (kinds with
+their lines), `/api/trajectories` (browser rows: `task`, `status`, `min_reward`, `max_reward`,
+`offset`, `limit` <= 500), `/api/trajectory/{id}` (an id from those rows: the server reads the
+record at the place it found it; no request names a path), and `/metrics` (Prometheus text). A
+background task polls the run dir every `poll_s` and, when the run dir is writable, appends a
+snapshot to `<run>/metrics.jsonl` every `log_every_s`.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ class Dashboard:
         for route in _FILES:
             app.router.add_get(route, self._asset)
         app.router.add_get("/api/overview", self._json(lambda r: self.reader.overview()))
-        app.router.add_get("/api/series", self._json(lambda r: self.reader.series.view()))
+        app.router.add_get("/api/series", self._json(lambda r: {**self.reader.series.view(),
+                                                                "live": self.reader.live.points}))
         app.router.add_get("/api/errors", self._json(self._errors))
         app.router.add_get("/api/trajectories", self._json(self._trajectories))
         app.router.add_get("/api/trajectory/{id}", self._json(self._trajectory))
@@ -72,9 +74,7 @@ class Dashboard:
     async def _auth(self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
         if request.path in _FILES:
             return await handler(request)
-        header = request.headers.get("Authorization", "")
-        given = header[7:] if header.startswith("Bearer ") else request.query.get("token", "")
-        if not hmac.compare_digest(given.encode(), self.token.encode()):
+        if not authorized(request, self.token):
             return web.json_response({"error": "missing or wrong access token"}, status=401)
         return await handler(request)
 
@@ -136,6 +136,13 @@ class Dashboard:
                         self.log.append(self.reader.overview())
             await asyncio.to_thread(step)
             await asyncio.sleep(self.opts.poll_s)
+
+
+def authorized(request: web.Request, token: str) -> bool:
+    """The request bears `token` (`Authorization: Bearer` or `?token=`), compared in constant time."""
+    header = request.headers.get("Authorization", "")
+    given = header[7:] if header.startswith("Bearer ") else request.query.get("token", "")
+    return hmac.compare_digest(given.encode(), token.encode())
 
 
 def _number(query: Any, name: str, kind: type) -> Any:

@@ -11,7 +11,9 @@ keys), or a service request in a batch run, never reaches a part; it is logged a
 only to loopback. The messages waiting are handled as one batch: the batch's journal lines are
 written in one write, then its answers are sent, so a crash loses nothing a peer was told. Its
 endpoint (and, with keys, its CURVE public key) is written to `<run>/rendezvous.json`
-(`procs.write_ready`: mode 0600, atomically) once it is bound.
+(`procs.write_ready`: mode 0600, atomically) once it is bound, with the URL and token of its
+Prometheus `/metrics` (`observe.live`: gateways' and proxies' snapshots, `wire.Metrics`, taken
+from gateway keys only) unless the topology turns metrics off.
 
 When the journal already holds an earlier life of the run (a requeued job), it resumes: finished
 (task, sample) keys are not redone, the others run again as new attempts; a resumed service run
@@ -33,6 +35,7 @@ import zmq.asyncio
 
 from polar_hpc import procs, security, wire
 from polar_hpc.config import ConfigError, Task, load_tasks, load_topology
+from polar_hpc.observe.live import Live
 from polar_hpc.orchestrator import service, status
 from polar_hpc.orchestrator.front import Front
 from polar_hpc.orchestrator.journal import Journal, replay, service_events
@@ -115,6 +118,8 @@ class Orchestrator:
                                    lambda: self.registry.policy, self.stopping)
         self.front = Front(self.service, run_dir, self.scheduler, self.journal, draining)
         self.watch = Watch(peers, self.scheduler, self.registry, self.send)
+        self.live = Live(run_dir, topology.metrics, self.status, self.registry.listing,
+                         security.engine_api_key(run_dir)) if topology.metrics.enabled else None
 
     async def run(self) -> int:
         table = self.scheduler.table
@@ -126,6 +131,8 @@ class Orchestrator:
         info = {"endpoint": self.endpoint, "pid": os.getpid()}
         if self.auth is not None:
             info["curve_server_key"] = security.server_public_key(self.run_dir)
+        if self.live is not None:
+            info |= await self.live.start()
         procs.write_ready(self.run_dir / "rendezvous.json", info)
         log.info("listening on %s with %d sessions (%d already done)", self.endpoint, len(table.sessions),
                  len(self.done))
@@ -141,6 +148,8 @@ class Orchestrator:
             self.send(identity, wire.Shutdown(reason="run finished"))  # the journal is written first
         for t in tasks:
             t.cancel()
+        if self.live is not None:
+            await self.live.stop()
         self.journal.close()
         if self.auth is not None:
             self.auth.stop()
@@ -256,6 +265,11 @@ class Orchestrator:
                             sched.rate.per_s(), sched.assigned_policy,
                             self.front.draining if self.service.enabled else None)
 
+    def metrics(self, identity: bytes, msg: wire.Metrics) -> None:
+        why = self.live.take(identity, msg) if self.live is not None else None
+        if why is not None:
+            self.refusals.note(identity, f"dropped Metrics: {why}")
+
     def drain(self) -> wire.StatusReply:
         self.front.drain()
         return self.status()
@@ -281,6 +295,7 @@ ROUTES: dict[type, Route] = {
     wire.Report: Route(lambda o, peer, m: o.scheduler.report(peer, m), _GATEWAY),
     wire.EngineHello: Route(lambda o, peer, m: o.registry.hello(peer, m), _ENGINE),
     wire.EngineBye: Route(lambda o, peer, m: o.registry.lose(peer, "deregistered"), _ENGINE),
+    wire.Metrics: Route(lambda o, peer, m: o.metrics(peer, m), _GATEWAY),
     wire.Heartbeat: Route(lambda o, peer, m: None, _MEMBERS),  # its sign of life is noted for any message
     wire.StatusRequest: Route(lambda o, peer, m: o.status(), _CLIENTS, answered=True),
     wire.BatchStatusRequest: Route(lambda o, peer, m: o.front.batch_status(m), _CLIENTS, answered=True),

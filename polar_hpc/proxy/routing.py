@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from polar_hpc import metrics
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 
 T = TypeVar("T")
@@ -98,6 +99,7 @@ class Router:
             if client is None:
                 continue
             self._load[url] += 1
+            t0 = time.perf_counter()
             try:
                 result = await fn(client)
             except EngineError as e:
@@ -108,6 +110,7 @@ class Router:
                 last = e
                 continue
             finally:
+                metrics.engine_time(t0)
                 if url in self._load:
                     self._load[url] -= 1
             self._sticky[session_id] = url

@@ -56,7 +56,7 @@ import uvloop
 import zmq.asyncio
 from aiohttp import ClientError, web
 
-from polar_hpc import procs, wire
+from polar_hpc import metrics, procs, wire
 from polar_hpc.config import ConfigError
 from polar_hpc.engines import kinds
 from polar_hpc.proxy import aborted, anthropic, openai_responses
@@ -139,6 +139,7 @@ class _Proxy:
         self.link = link
         self._sessions: dict[str, _Session] = {}
         self._by_token: dict[str, _Session] = {}
+        self.meter = metrics.ProxyMeter.from_env(opts.proxy_id)  # None: metrics off
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.opts.max_body)
@@ -169,6 +170,8 @@ class _Proxy:
         """Heartbeat the gateway; returns once it has been silent for peer_timeout_s."""
         while not self.link.liveness.lost():
             self.link.send(wire.Heartbeat(sender=self.opts.proxy_id, t=time.time()))
+            if self.meter is not None and self.meter.due():
+                self.link.send(self.meter.snapshot())
             await asyncio.sleep(self.opts.heartbeat_s)
         log.warning("gateway silent for over %ss", self.opts.peer_timeout_s)
 
@@ -194,6 +197,8 @@ class _Proxy:
             await asyncio.wait(stopped)
         self.mode.forget(session_id)
         self.router.forget(session_id)
+        if self.meter is not None and self.meter.ended():  # before SessionClosed: it reaches the orchestrator first
+            self.link.send(self.meter.snapshot())
         self.link.send(wire.SessionClosed(session_id=session_id, n_calls=session.n_calls))
 
     def cancel_calls(self) -> None:
@@ -273,6 +278,7 @@ class _Proxy:
     async def _serve(self, api, session: _Session, request, body, call, flight: _InFlight):
         """Answer one call (streaming as it is sampled, if asked) and record it."""
         t_start = time.time()
+        metrics.start_call()
         events = api.Events(call, body, self.opts.model) if call.stream else None
 
         async def begin() -> web.StreamResponse:
@@ -306,6 +312,8 @@ class _Proxy:
                         e.status, e.message[:2000])
             kind = {400: "context_length" if "context length" in e.message else "invalid_request",
                     NO_ENGINE: "unavailable"}.get(e.status, "upstream")
+            if self.meter is not None:
+                self.meter.error(kind)
             if flight.sent is None:
                 headers = _NO_ENGINE_HEADERS if e.status == NO_ENGINE else None
                 return _json(e.status, api.error_body(e.status, e.message, kind), headers)
@@ -338,16 +346,18 @@ class _Proxy:
         if api is not oc:
             meta["chat"] = {"messages": call.messages, "tools": call.tools,
                             "reply": assistant_message(outcome)}
-        self.link.send(
-            wire.CallRecord(
-                session_id=session.session_id, call_index=session.n_calls, api=api.API,
-                request=body, response=response, prompt_ids=outcome.prompt_ids,
-                output_ids=outcome.output_ids, output_logprobs=outcome.output_logprobs,
-                finish_reason=outcome.finish_reason, weight_version=outcome.weight_version,
-                engine_url=outcome.engine_url, stream=call.stream, t_start=times[0],
-                t_end=times[1], meta=meta,
-            )
+        metrics.call_timings(meta, *times)
+        record = wire.CallRecord(
+            session_id=session.session_id, call_index=session.n_calls, api=api.API,
+            request=body, response=response, prompt_ids=outcome.prompt_ids,
+            output_ids=outcome.output_ids, output_logprobs=outcome.output_logprobs,
+            finish_reason=outcome.finish_reason, weight_version=outcome.weight_version,
+            engine_url=outcome.engine_url, stream=call.stream, t_start=times[0],
+            t_end=times[1], meta=meta,
         )
+        self.link.send(record)
+        if self.meter is not None:
+            self.meter.call(api.API, record)
         session.n_calls += 1
 
 

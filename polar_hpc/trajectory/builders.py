@@ -54,7 +54,8 @@ def build(records: list[CallRecord], kind: str) -> tuple[list[Trace], dict[str, 
 
 def _proxy_notes(records: list[CallRecord]) -> dict[str, Any]:
     """What the proxy said of the calls: APIs used, why a call started a new chain of its
-    history (tito mode), which calls were retried on another engine, and which were aborted."""
+    history (tito mode), which calls were retried on another engine, which were aborted, and
+    each call's milliseconds on engines and in the proxy."""
     notes: dict[str, Any] = {"apis": sorted({r.api for r in records}),
                              "streamed_calls": sum(r.stream for r in records)}
     starts = [f"call {r.call_index}: {r.meta['new_chain']}" for r in records[1:] if "new_chain" in r.meta]
@@ -66,6 +67,8 @@ def _proxy_notes(records: list[CallRecord]) -> dict[str, Any]:
     aborted = {r.call_index: r.meta["aborted_attempts"] for r in records if r.meta.get("aborted_attempts")}
     if aborted:
         notes["aborted_attempts"] = aborted
+    if any("engine_ms" in r.meta for r in records):  # per call: [ms waiting on engines, ms the proxy added]
+        notes["call_ms"] = [[r.meta.get("engine_ms"), r.meta.get("proxy_ms")] for r in records]
     return notes
 
 

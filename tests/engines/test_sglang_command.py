@@ -18,6 +18,7 @@ def test_command_line() -> None:
     assert sglang.command(engine, "0.0.0.0", 30001) == [
         "/venv/bin/python", "-c", sglang.LAUNCH, "--model-path", "/models/Qwen3-8B",
         "--served-model-name", "qwen3-8b", "--host", "0.0.0.0", "--port", "30001", "--tp-size", "4",
+        "--enable-metrics",
         "--mem-fraction-static", "0.8", "--tp-size", "2",  # the user's args come last: they win
     ]
     assert sglang.command(EngineConfig(kind="sglang", model="org/m"), "h", 1)[4] == "org/m"

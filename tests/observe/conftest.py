@@ -7,16 +7,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, polar
+from conftest import ROOT, background, polar
 
 CALCULATOR = ROOT / "examples" / "calculator"
 CHROMIUM = "/usr/bin/chromium"
@@ -60,22 +58,9 @@ def live_run(tmp_path_factory) -> Iterator[Path]:
     topo = tmp / "topology.yaml"
     topo.write_text("gateway:\n  shard_max_age_s: 0.5\n")
     run_dir = tmp / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", str(write_jsonl(tmp / "tasks.jsonl", tasks)),
-                             "-c", str(topo), "--run-dir", str(run_dir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not _live_ready(run_dir):
-            time.sleep(0.5)
-        assert _live_ready(run_dir), "the live run never had its quick sessions sealed and its slow ones running"
+    args = ["run", write_jsonl(tmp / "tasks.jsonl", tasks), "-c", topo, "--run-dir", run_dir]
+    with background(args, run_dir, _live_ready, "the live run never had its quick sessions sealed and its slow ones running"):
         yield run_dir
-    finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _live_ready(run_dir: Path) -> bool:

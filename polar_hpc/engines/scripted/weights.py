@@ -12,6 +12,8 @@
   adds around it) and records the folder and the new version; answers `{"success": true,
   "message", "num_paused_requests"}`. Every call that starts afterwards reports the new version.
 - POST /continue_generation: lets the waiting requests in.
+- GET /metrics: SGLang's `sglang:num_running_reqs` and `sglang:num_queue_reqs` gauges (Prometheus
+  text), from the door's counts.
 
 `generation_gate` is the middleware that holds /generate and /v1/chat/completions while paused and
 counts them while they run; `abort_signal(request)` is the event set when that request is aborted.
@@ -20,6 +22,7 @@ counts them while they run; `abort_signal(request)` is the event set when that r
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from aiohttp import web
@@ -91,6 +94,15 @@ def add_routes(app: web.Application, load_ms: float = 0.0) -> None:
     app.router.add_post("/pause_generation", pause_generation)
     app.router.add_post("/continue_generation", continue_generation)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
+    app.router.add_get("/metrics", engine_metrics)
+
+
+async def engine_metrics(request: web.Request) -> web.Response:
+    """SGLang's request gauges, by SGLang's names: generations running, and waiting at the door."""
+    gate, name = request.app[GATE], request.app[MODEL].model_name
+    lines = [f"# TYPE sglang:{metric} gauge\nsglang:{metric}{{model_name={json.dumps(name)}}} {value}"
+             for metric, value in (("num_running_reqs", gate.running), ("num_queue_reqs", gate.waiting))]
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 
 async def pause_generation(request: web.Request) -> web.Response:

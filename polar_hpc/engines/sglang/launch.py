@@ -2,7 +2,8 @@
 
 `command(engine, host, port)` (engines.server) runs `sglang.launch_server` with the Python `engine.python` (default:
 polar-hpc's own) and the model path, served model name, host, port, tp size and the user's
-`extra_args`, in that order (a later flag wins in SGLang's argparse), through a few lines of
+`extra_args`, in that order (a later flag wins in SGLang's argparse), with `--enable-metrics` (its
+/metrics: the orchestrator reads its queue from it) before the user's args, through a few lines of
 Python (`LAUNCH`) that add `--api-key` from the environment variable `security.ENGINE_KEY_ENV` when
 it is set: the run's engine API key then guards every route but /health, and never appears on a
 command line other users of the node can read (`ps`). `environment(base, cache_dir)` is `base`.
@@ -25,7 +26,7 @@ LAUNCH = (
 
 
 def command(engine: EngineConfig, host: str, port: int) -> list[str]:
-    return server.command(engine, LAUNCH, host, port, "--model-path", "--tp-size")
+    return server.command(engine, LAUNCH, host, port, "--model-path", "--tp-size", ("--enable-metrics",))
 
 
 def environment(base: dict[str, str], cache_dir: Path) -> dict[str, str]:

@@ -100,6 +100,11 @@ function drawSeries(s) {
     {points: pts.filter((p) => p.tokens).map((p) => [p.t, p.trainable]), color: "#e9a23b"}]);
   const stages = Object.keys(STAGE_COLORS);
   chart($("chart-stages"), stages.map((k) => ({points: pts.filter((p) => p.stages && k in p.stages).map((p) => [p.t, p.stages[k]]), color: STAGE_COLORS[k]})));
+  const live = s.live || [], timed = live.filter((p) => p.engine_ms !== null);
+  chart($("chart-latency"), [{points: timed.map((p) => [p.t, p.engine_ms]), color: "#57c"},
+    {points: timed.map((p) => [p.t, p.proxy_ms]), color: "#c63"}]);
+  chart($("chart-engine"), [{points: live.map((p) => [p.t, p.running]), color: "#4a8"},
+    {points: live.map((p) => [p.t, p.waiting]), color: "#e9a23b"}]);
   $("stage-legend").replaceChildren(...stages.map((k) => el("span", {style: "color:" + STAGE_COLORS[k]}, "■ " + k + " ")));
 }
 
