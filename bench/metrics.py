@@ -5,14 +5,13 @@ One scripted engine and two tito proxies in front of it, alike but for the envir
 `metrics.enabled: true` does; a snapshot also goes at each session's close, which this bench's
 stand-in gateway never asks for), `off` counts nothing (`metrics.enabled: false`). Both ship a
 CallRecord per call (with its engine and proxy milliseconds) to the stand-in gateway of
-bench/proxy.py. At each concurrency C, a round runs max(C, 64) one-call sessions per proxy, C at a
-time, each proxy alone, the two in turn (which goes first alternates by round). Figures, each the
-median over rounds: `on_calls_per_s`, `off_calls_per_s`, `throughput_ratio` (on / off within a
+bench/rounds.py. At each concurrency C, a round runs max(C, 64) one-call sessions per proxy in
+waves of C taken in turn (`bench/rounds.run_round`: each proxy alone, the order drawn afresh for
+each wave, so host load drift hits both alike). Figures, each the median over rounds: `on_calls_per_s`, `off_calls_per_s`, `throughput_ratio` (on / off within a
 round; goal >= 0.98), `on_p50_ms`, `off_p50_ms`. Last line: one JSON object {"c1": {...},
-"c64": {...}, "load": [1, 5, 15 min load averages]}. `cost(concurrency, rounds)` returns that
-object (for bench/proxy.py to call).
+"c64": {...}, "seed": ..., "load": [1, 5, 15 min load averages]}.
 
-    uv run python bench/metrics.py [--concurrency 1 64] [--rounds 9]
+    uv run python bench/metrics.py [--concurrency 1 64] [--rounds 9] [--seed N]
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -30,33 +30,30 @@ from pathlib import Path
 import aiohttp
 
 from polar_hpc import metrics, procs
-from proxy import Gateway, gated, positive, start  # bench/proxy.py
+from rounds import Gateway, positive, run_round, start  # bench/rounds.py
 
 TARGETS = {"on": "1", "off": "0"}  # proxy id: its snapshot interval (0: metrics off)
 MIN_SESSIONS = 64
 
 
-async def _ask(http: aiohttp.ClientSession, url: str, token: str, latencies: list[float]) -> None:
+def _asker(url: str):
+    """One session of a proxy: one call, its latency appended to out["latencies"]."""
     body = {"model": "m", "messages": [{"role": "user", "content": "What is 17 * 23 + 4?"}]}
-    t0 = time.perf_counter()
-    async with http.post(url, json=body, headers={"Authorization": f"Bearer {token}"}) as resp:
-        answer = await resp.json()
-    latencies.append(time.perf_counter() - t0)
-    if resp.status != 200:
-        raise RuntimeError(f"{url}: HTTP {resp.status}: {answer}")
+
+    async def ask(http: aiohttp.ClientSession, token: str, out: dict) -> None:
+        t0 = time.perf_counter()
+        async with http.post(url, json=body, headers={"Authorization": f"Bearer {token}"}) as resp:
+            answer = await resp.json()
+        out["latencies"].append(time.perf_counter() - t0)
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {answer}")
+    return ask
 
 
-async def _round(urls: dict[str, str], tokens: dict[str, list[str]], c: int) -> dict[str, dict[str, float]]:
-    out = {}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        for name, url in urls.items():
-            await _ask(http, url, tokens[name][0], [])  # warm the connection
-            latencies: list[float] = []
-            gate, t0 = asyncio.Semaphore(c), time.perf_counter()
-            await asyncio.gather(*(gated(gate, _ask(http, url, t, latencies)) for t in tokens[name][1:]))
-            wall = time.perf_counter() - t0
-            out[name] = {"calls_per_s": len(latencies) / wall, "p50_ms": statistics.median(latencies) * 1000}
-    return out
+def _round(urls: dict[str, str], tokens: dict[str, list[str]], c: int, rng: random.Random) -> dict[str, dict[str, float]]:
+    done = asyncio.run(run_round({name: _asker(url) for name, url in urls.items()}, tokens, c, rng, {}))
+    return {name: {"calls_per_s": len(r["latencies"]) / r["wall"], "p50_ms": statistics.median(r["latencies"]) * 1000}
+            for name, r in done.items()}
 
 
 def _figures(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
@@ -68,7 +65,8 @@ def _figures(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
     return out
 
 
-def cost(concurrency: list[int], rounds: int) -> dict:
+def cost(concurrency: list[int], rounds: int, seed: int) -> dict:
+    rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="mxb") as d:
         tmp = Path(d)
         engine, engine_url = start("engine", ["engine", "--kind", "scripted", "--port", "0"], tmp)
@@ -85,12 +83,11 @@ def cost(concurrency: list[int], rounds: int) -> dict:
             for c in concurrency:
                 n, measured = max(c, MIN_SESSIONS) + 1, []
                 for round_ in range(rounds):
-                    order = list(urls) if round_ % 2 == 0 else list(urls)[::-1]
-                    tokens = {name: [f"{name}-c{c}-{round_}-{i}" for i in range(n)] for name in order}
-                    for name in order:
+                    tokens = {name: [f"{name}-c{c}-{round_}-{i}" for i in range(n)] for name in urls}
+                    for name in urls:
                         gateway.open(name, tokens[name])
                         expected += n
-                    measured.append(asyncio.run(_round({name: urls[name] for name in order}, tokens, c)))
+                    measured.append(_round(urls, tokens, c, rng))
                 results[f"c{c}"] = _figures(measured)
                 print(f"c={c}: {json.dumps(results[f'c{c}'])}", file=sys.stderr, flush=True)
             gateway.wait_records(expected)
@@ -98,6 +95,7 @@ def cost(concurrency: list[int], rounds: int) -> dict:
             os.environ.pop(metrics.ENV, None)
             gateway.close()
             procs.stop(children[::-1])
+    results["seed"] = seed
     results["load"] = [round(x, 2) for x in os.getloadavg()]
     return results
 
@@ -105,9 +103,10 @@ def cost(concurrency: list[int], rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=positive, nargs="+", default=[1, 64])
-    parser.add_argument("--rounds", type=positive, default=9, help="Rounds per concurrency, the order alternating.")
+    parser.add_argument("--rounds", type=positive, default=9, help="Rounds per concurrency.")
+    parser.add_argument("--seed", type=int, default=random.randrange(2**31), help="Seeds the order of the waves.")
     args = parser.parse_args()
-    print(json.dumps(cost(args.concurrency, args.rounds)))
+    print(json.dumps(cost(args.concurrency, args.rounds, args.seed)))
 
 
 if __name__ == "__main__":
