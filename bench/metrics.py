@@ -7,7 +7,8 @@ stand-in gateway never asks for), `off` counts nothing (`metrics.enabled: false`
 CallRecord per call (with its engine and proxy milliseconds) to the stand-in gateway of
 bench/rounds.py. At each concurrency C, a round runs max(C, 64) one-call sessions per proxy in
 waves of C taken in turn (`bench/rounds.run_round`: each proxy alone, the order drawn afresh for
-each wave, so host load drift hits both alike). Figures, each the median over rounds: `on_calls_per_s`, `off_calls_per_s`, `throughput_ratio` (on / off within a
+each wave, so host load drift hits both alike). Figures, each the median over rounds:
+`on_calls_per_s`, `off_calls_per_s`, `throughput_ratio` (on / off within a
 round; goal >= 0.98), `on_p50_ms`, `off_p50_ms`. Last line: one JSON object {"c1": {...},
 "c64": {...}, "seed": ..., "load": [1, 5, 15 min load averages]}.
 

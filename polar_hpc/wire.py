@@ -378,9 +378,9 @@ def encode(message: Message) -> bytes:
     return _encoder.encode(message)
 
 
-def raw(data: Any) -> msgspec.Raw:
+def raw(data: Any) -> Any:
     """Plain data encoded once, to go as it is into many messages (a task into each of its sessions'
-    SessionSpec): the receiver decodes it as the data itself."""
+    SessionSpec): the receiver decodes it as the data itself, so it is typed as that data (Any)."""
     return msgspec.Raw(_encoder.encode(data))
 
 

@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from polar_hpc import wire
 from polar_hpc.orchestrator.journal import Journal
@@ -146,4 +147,5 @@ class Scheduler:
         self.send(identity, wire.Assign(sessions=specs))
 
 
-_BY_KIND = {wire.Credit: Scheduler.credit, wire.SessionUpdate: Scheduler.update, wire.Result: Scheduler.result}
+_BY_KIND: dict[type, Callable[[Scheduler, bytes, Any], None]] = {
+    wire.Credit: Scheduler.credit, wire.SessionUpdate: Scheduler.update, wire.Result: Scheduler.result}

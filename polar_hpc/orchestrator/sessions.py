@@ -86,7 +86,7 @@ class SessionTable:
 
     def take(self, gateway: bytes, n: int) -> list[wire.SessionSpec]:
         """Dispatch up to `n` queued sessions to `gateway`, in queue order; their deadlines start now."""
-        specs = []
+        specs: list[wire.SessionSpec] = []
         now = time.time()
         while self.queue and len(specs) < n:
             s = self.queue.popleft()
