@@ -12,8 +12,7 @@ from __future__ import annotations
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-
-import msgspec
+from typing import Any
 
 from polar_hpc import wire
 from polar_hpc.config import Task
@@ -39,7 +38,7 @@ class Session:
 class SessionTable:
     sessions: dict[str, Session] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)
-    _dumped: dict[str, msgspec.Raw] = field(default_factory=dict)  # task id -> the task as SessionSpec carries it
+    _dumped: dict[str, Any] = field(default_factory=dict)  # task id -> the task, encoded once (wire.raw)
     states: Counter = field(default_factory=Counter)  # state -> sessions in it
     _rewards: list[float] = field(default_factory=lambda: [0.0, 0])  # sum and count of the rewards
     _tokens: int = 0
