@@ -19,8 +19,8 @@ HOG = "python3 -c 'b = bytearray(512 << 20); print(len(b))'"
 def _assign(orch: _Orchestrator, task_id: str, command: str, memory_mb: int | None) -> None:
     task = Task(id=task_id, instruction="-", timeout_s=60, harness={"command": command},
                 sandbox={"memory_mb": memory_mb})
-    orch.send(wire.Assign(session=wire.SessionSpec(session_id=task_id, task=task.model_dump(mode="json"),
-                                                   sample_index=0, attempt=0, deadline=time.time() + 60)))
+    orch.send(wire.Assign(sessions=[wire.SessionSpec(session_id=task_id, task=task.model_dump(mode="json"),
+                                                     sample_index=0, attempt=0, deadline=time.time() + 60)]))
 
 
 @pytest.mark.timeout(180)
