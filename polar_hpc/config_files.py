@@ -22,6 +22,8 @@ from typing import Any, cast
 import msgspec
 import yaml
 
+from polar_hpc.errors import ConfigError
+
 MAX_DEPTH = 32  # nesting levels of a document (YAML, or a JSONL record's metadata)
 MAX_YAML_BYTES = 16 << 20  # YAML is parsed in Python (~1 MB/s): bigger suites belong in JSONL
 MAX_JSONL_BYTES = 1 << 30
@@ -29,10 +31,6 @@ ALIAS_GROWTH = 10  # aliases may expand a YAML document to this many times its w
 ALIAS_SLACK = 100_000  # ...plus this many
 
 _JSON = msgspec.json.Decoder()
-
-
-class ConfigError(Exception):
-    """Bad user input; the CLI prints it and exits with code 2."""
 
 
 def read_text(path: Path, max_bytes: int) -> str:

@@ -35,7 +35,7 @@ import zmq
 import zmq.auth.asyncio
 from zmq.utils import z85
 
-from polar_hpc.config import ConfigError
+from polar_hpc.errors import ConfigError
 
 GATEWAY, ENGINE, CLIENT, ADMIN = "gateway", "engine", "client", "admin"
 ROLES = (GATEWAY, ENGINE, CLIENT, ADMIN)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
-from polar_hpc.config import ConfigError
+from polar_hpc.errors import ConfigError
 from polar_hpc.engines.sglang import client as sglang_client
 from polar_hpc.engines.sglang import launch as sglang_launch
 from polar_hpc.engines.sglang import weights as sglang_weights

@@ -9,8 +9,10 @@ served model name, host, port, `tp_flag` = `tp_size`, the kind's `fixed` flags, 
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from polar_hpc.config import EngineConfig
+if TYPE_CHECKING:  # annotations only: the proxy imports the engine kinds without pydantic's cost
+    from polar_hpc.config import EngineConfig
 
 
 def command(engine: EngineConfig, launch: str, host: str, port: int, model_flag: str, tp_flag: str,

@@ -57,7 +57,7 @@ import zmq.asyncio
 from aiohttp import ClientError, web
 
 from polar_hpc import metrics, procs, wire
-from polar_hpc.config import ConfigError
+from polar_hpc.errors import ConfigError
 from polar_hpc.engines import kinds
 from polar_hpc.proxy import aborted, anthropic, openai_responses
 from polar_hpc.proxy import openai_chat as oc

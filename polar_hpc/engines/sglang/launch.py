@@ -12,10 +12,13 @@ command line other users of the node can read (`ps`). `environment(base, cache_d
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from polar_hpc.config import EngineConfig
 from polar_hpc.engines import server
 from polar_hpc.security import ENGINE_KEY_ENV
+
+if TYPE_CHECKING:  # annotations only: the proxy imports the engine kinds without pydantic's cost
+    from polar_hpc.config import EngineConfig
 
 LAUNCH = (
     "import os, runpy, sys; "

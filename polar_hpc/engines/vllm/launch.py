@@ -19,10 +19,13 @@ answer only the run's proxies and orchestrator.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from polar_hpc.config import EngineConfig
 from polar_hpc.engines import server
 from polar_hpc.security import ENGINE_KEY_ENV
+
+if TYPE_CHECKING:  # annotations only: the proxy imports the engine kinds without pydantic's cost
+    from polar_hpc.config import EngineConfig
 
 LAUNCH = """\
 import runpy
