@@ -9,7 +9,10 @@ bench/rounds.py. At each concurrency C, a round runs max(C, 64) one-call session
 waves of C taken in turn (`bench/rounds.run_round`: each proxy alone, the order drawn afresh for
 each wave, so host load drift hits both alike). Figures, each the median over rounds:
 `on_calls_per_s`, `off_calls_per_s`, `throughput_ratio` (on / off within a
-round; goal >= 0.98), `on_p50_ms`, `off_p50_ms`. Last line: one JSON object {"c1": {...},
+round; goal >= 0.98), `on_p50_ms`, `off_p50_ms`, `on_cpu_ms`, `off_cpu_ms` (the proxy process's CPU
+time per call, steadier than throughput on a shared machine, where the engine and this load
+generator share the CPUs with the proxy) and `cpu_ratio` (on / off within a round: what counting
+adds to the proxy's own work). Last line: one JSON object {"c1": {...},
 "c64": {...}, "seed": ..., "load": [1, 5, 15 min load averages]}.
 
     uv run python bench/metrics.py [--concurrency 1 64] [--rounds 9] [--seed N]
@@ -51,9 +54,12 @@ def _asker(url: str):
     return ask
 
 
-def _round(urls: dict[str, str], tokens: dict[str, list[str]], c: int, rng: random.Random) -> dict[str, dict[str, float]]:
-    done = asyncio.run(run_round({name: _asker(url) for name, url in urls.items()}, tokens, c, rng, {}))
-    return {name: {"calls_per_s": len(r["latencies"]) / r["wall"], "p50_ms": statistics.median(r["latencies"]) * 1000}
+def _round(urls: dict[str, str], pids: dict[str, int], tokens: dict[str, list[str]], c: int,
+           rng: random.Random) -> dict[str, dict[str, float]]:
+    done = asyncio.run(run_round({name: _asker(url) for name, url in urls.items()}, tokens, c, rng,
+                                 {name: {"cpu_s": pid} for name, pid in pids.items()}))
+    return {name: {"calls_per_s": len(r["latencies"]) / r["wall"], "p50_ms": statistics.median(r["latencies"]) * 1000,
+                   "cpu_ms": r["cpu_s"] / len(r["latencies"]) * 1000}
             for name, r in done.items()}
 
 
@@ -61,8 +67,9 @@ def _figures(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
     def median(fn) -> float:
         return round(statistics.median(fn(r) for r in rounds), 3)
 
-    out = {f"{name}_{k}": median(lambda r, n=name, k=k: r[n][k]) for name in TARGETS for k in ("calls_per_s", "p50_ms")}
+    out = {f"{name}_{k}": median(lambda r, n=name, k=k: r[n][k]) for name in TARGETS for k in ("calls_per_s", "p50_ms", "cpu_ms")}
     out["throughput_ratio"] = median(lambda r: r["on"]["calls_per_s"] / r["off"]["calls_per_s"])
+    out["cpu_ratio"] = median(lambda r: r["on"]["cpu_ms"] / r["off"]["cpu_ms"])
     return out
 
 
@@ -71,7 +78,7 @@ def cost(concurrency: list[int], rounds: int, seed: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="mxb") as d:
         tmp = Path(d)
         engine, engine_url = start("engine", ["engine", "--kind", "scripted", "--port", "0"], tmp)
-        gateway, children, urls = Gateway(f"ipc://{tmp}/gw.ipc"), [engine], {}
+        gateway, children, urls, pids = Gateway(f"ipc://{tmp}/gw.ipc"), [engine], {}, {}
         results: dict = {}
         try:
             for proxy_id, every_s in TARGETS.items():
@@ -79,6 +86,7 @@ def cost(concurrency: list[int], rounds: int, seed: int) -> dict:
                 child, url = start(proxy_id, ["proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url",
                                               engine_url, "--mode", "tito", "--proxy-id", proxy_id], tmp)
                 children.append(child)
+                pids[proxy_id] = child.proc.pid
                 urls[proxy_id] = url + "/v1/chat/completions"
             expected = 0
             for c in concurrency:
@@ -88,7 +96,7 @@ def cost(concurrency: list[int], rounds: int, seed: int) -> dict:
                     for name in urls:
                         gateway.open(name, tokens[name])
                         expected += n
-                    measured.append(_round(urls, tokens, c, rng))
+                    measured.append(_round(urls, pids, tokens, c, rng))
                 results[f"c{c}"] = _figures(measured)
                 print(f"c={c}: {json.dumps(results[f'c{c}'])}", file=sys.stderr, flush=True)
             gateway.wait_records(expected)
