@@ -199,7 +199,9 @@ from polar_hpc.sandbox.none import NoneSandbox
 async def run_then_fail(self):  # a gateway whose run raises while a sandbox has daemons
     sb = NoneSandbox(Path(sys.argv[2]), {}, [], "host", cgroups=self.cgroups)
     await sb.start()
-    await sb.exec("for i in 1 2 3 4; do setsid sleep %s & done" % sys.argv[3], {}, 10)
+    # each daemon reports once it has left the command's process group, which exec kills at the end
+    await sb.exec("mkdir up; for i in 1 2 3 4; do setsid sh -c 'touch up/$0; exec sleep %s' $i & done;"
+                  " while [ $(ls up | wc -l) -lt 4 ]; do sleep 0.05; done" % sys.argv[3], {}, 10)
     raise RuntimeError("internal error with a sandbox alive")
 
 server._Gateway.run = run_then_fail
