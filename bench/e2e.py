@@ -18,8 +18,10 @@ object):
   harness_direct_cpu_ms: the CPU time of one direct harness run, for scale.
 - harness_in_sandbox_ms / harness_direct_ms (means) and their ratio: the harness's run time with
   and without the sandbox and the proxy in between.
+With `--serial` the gateway has one slot per stage (INIT 1, READY 0, RUN 1, POSTRUN 1) and the
+direct runs go one at a time: each stage's time without other sessions competing for the CPUs.
 
-    uv run python bench/e2e.py [--sessions 32]
+    uv run python bench/e2e.py [--sessions 32] [--serial]
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ HARNESS = (
 )
 
 
-def polar_run(tmp: Path, sessions: int) -> tuple[float, list, tuple[float, float]]:
+def polar_run(tmp: Path, sessions: int, pools: PoolConfig) -> tuple[float, list, tuple[float, float]]:
     """(wall s, trajectories, (gateway own CPU s, its reaped children's CPU s))."""
     task = {
         "id": "trivial",
@@ -61,9 +63,10 @@ def polar_run(tmp: Path, sessions: int) -> tuple[float, list, tuple[float, float
         "builder": "per_request",
     }
     (tmp / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+    (tmp / "config.yaml").write_text(json.dumps({"gateway": {"pools": pools.model_dump()}}))
     t0 = time.perf_counter()
-    run = subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", str(tmp / "tasks.jsonl"), "--run-dir",
-                            str(tmp / "run")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    run = subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", str(tmp / "tasks.jsonl"), "-c", str(tmp / "config.yaml"),
+                            "--run-dir", str(tmp / "run")], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     cpu = [0.0, 0.0]
     sampler = threading.Thread(target=_sample_gateway, args=(run, cpu), daemon=True)
     sampler.start()
@@ -137,12 +140,14 @@ def direct_runs(tmp: Path, sessions: int, concurrency: int) -> tuple[list[float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=32)
+    parser.add_argument("--serial", action="store_true", help="one session per stage at a time")
     args = parser.parse_args()
+    pools = PoolConfig(init=1, ready=0, run=1, postrun=1) if args.serial else PoolConfig()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         (tmp / "harness.py").write_text(HARNESS)
-        wall, trajs, (gateway_cpu, children_cpu) = polar_run(tmp, args.sessions)
-        direct, direct_cpu = direct_runs(tmp, args.sessions, PoolConfig().run)
+        wall, trajs, (gateway_cpu, children_cpu) = polar_run(tmp, args.sessions, pools)
+        direct, direct_cpu = direct_runs(tmp, args.sessions, pools.run)
     completed = [t for t in trajs if t.status == "completed"]
     timings = [t.metadata["timings"] for t in completed]
     overhead = [(t.t_end - t.t_start) - x["run_s"] - x.get("ready_s", 0) - x.get("wait_s", 0)
@@ -151,6 +156,7 @@ def main() -> None:
     n = max(1, len(trajs))
     figures = {
         "sessions": len(trajs),
+        "serial": args.serial,
         "completed": len(completed),
         "wall_s": round(wall, 3),
         "infra_overhead_ms_per_session": round(1000 * statistics.mean(overhead), 2),
