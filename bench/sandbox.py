@@ -4,8 +4,11 @@
   done: `start()` (workspace, cgroup, one uploaded file, limits) + `exec("true")`; median of
   --starts. cold_start_cpu_ms: the CPU time of this process and the children it reaps over the
   same span; what runs inside bwrap's PID namespace is reaped there and not counted, so
-  launcher_cpu_ms gives the CPU time of the in-sandbox launcher (`inside.py` with the sandbox's
-  own options, then `sh -c true`) run alone outside bwrap, median of --starts.
+  launcher_cpu_ms gives the CPU time of the in-sandbox launcher with the sandbox's own options
+  (on bwrap the host's prlimit, setpriv for a root gateway and env, then `sh -c true`) run alone
+  outside bwrap, median of --starts; python_launcher_cpu_ms that of `python3 -I -S inside.py`
+  doing the same (the launcher in an image or on a host without those tools; a command relayed
+  to the proxy runs it, with `--relay` only, after the host's tools).
 - bare_bwrap_ms: in the same run, interleaved with the cold starts, `bwrap --ro-bind / / --dev /dev
   --proc /proc --unshare-all --die-with-parent --new-session true` started the same way (asyncio,
   piped output); cold_to_bare_ratio = cold_start_ms / bare_bwrap_ms (goal <= 2).
@@ -44,8 +47,7 @@ from polar_hpc import wire
 from polar_hpc.config import PoolConfig, SandboxConfig, Task
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
 from polar_hpc.sandbox import ExecResult, Sandbox, backend
-from polar_hpc.sandbox.base import INSIDE
-from polar_hpc.sandbox.inside import ENV_PREFIX
+from polar_hpc.sandbox.base import INSIDE, MARKER
 from polar_hpc.shards.writer import ShardWriter
 
 
@@ -76,20 +78,22 @@ async def cold_starts(tmp: Path, n: int) -> tuple[float, float, float, str]:
             1000 * statistics.median(bare) if bare else float("nan"), name)
 
 
-async def launcher_cpu_ms(tmp: Path, n: int) -> float:
-    """CPU ms of the sandbox's own launcher command line, run outside the sandbox."""
+async def launcher_cpu_ms(tmp: Path, n: int) -> tuple[float, float]:
+    """CPU ms of the sandbox's own launcher and of the Python one, each run outside the sandbox."""
     make, _ = backend(SandboxConfig(), tmp)
     sb = make(tmp / "launcher", {}, [], "none")
-    argv = sb._launcher(["/bin/sh", "-c", "true"])
-    argv[1] = str(INSIDE)  # where the sandbox binds it, on the host
-    env = {"PATH": "/usr/bin:/bin", ENV_PREFIX + "PATH": "/usr/bin:/bin"}
-    cpu = []
+    launchers = [sb._process(["/bin/sh", "-c", "true"], {MARKER: sb.marker}),
+                 Sandbox._process(sb, ["/bin/sh", "-c", "true"], {MARKER: sb.marker})]  # inside.py for all of it
+    cpu: list[list[float]] = [[], []]
     for _ in range(n):
-        c0 = _cpu_s()
-        proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=DEVNULL)
-        await proc.wait()
-        cpu.append(_cpu_s() - c0)
-    return 1000 * statistics.median(cpu)
+        for i, (argv, env) in enumerate(launchers):
+            chain = argv[argv.index("--") + 1:] if "--" in argv else argv  # what bwrap would start
+            chain = [str(INSIDE) if a == sb.inside else a for a in chain]  # where the sandbox binds it
+            c0 = _cpu_s()
+            proc = await asyncio.create_subprocess_exec(*chain, env=env, stdin=DEVNULL)
+            await proc.wait()
+            cpu[i].append(_cpu_s() - c0)
+    return 1000 * statistics.median(cpu[0]), 1000 * statistics.median(cpu[1])
 
 
 def _cpu_s() -> float:
@@ -176,7 +180,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="polar-bench-") as d:
         tmp = Path(d)
         cold, cold_cpu, bare, name = await cold_starts(tmp, args.starts)
-        launcher = await launcher_cpu_ms(tmp, args.starts)
+        launcher, python_launcher = await launcher_cpu_ms(tmp, args.starts)
         busy_pool, acquire = await staged(tmp, args.run_s, args.slots, pooled=True)
         busy_nopool, _ = await staged(tmp, args.run_s, args.slots, pooled=False)
     print(f"backend {name}; {args.slots} RUN slots x 16 sessions, run {args.run_s}s, init run/2, postrun run/4")
@@ -184,6 +188,7 @@ async def main() -> None:
         "cold_start_ms": round(cold, 2),
         "cold_start_cpu_ms": round(cold_cpu, 2),
         "launcher_cpu_ms": round(launcher, 2),
+        "python_launcher_cpu_ms": round(python_launcher, 2),
         "bare_bwrap_ms": round(bare, 2),
         "cold_to_bare_ratio": round(cold / bare, 2),
         "pooled_acquire_ms": round(acquire, 3),

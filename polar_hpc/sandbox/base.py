@@ -3,9 +3,10 @@
 A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root` folder.
 - `start()` makes them (and, per backend, the container instance), uploads the task's files and
   runs its prepare commands; `SandboxError` when any of that fails.
-- `exec(command, env, timeout_s, max_output)` runs `/bin/sh -c command` through `inside.py` (limits,
-  proxy relay) and kills the command's whole tree at the timeout or when it breaks a limit
-  (`ExecResult.limit` says which).
+- `exec(command, env, timeout_s, max_output)` runs `/bin/sh -c command` through a launcher
+  (limits, the drop to `run_as`, the proxy relay: `inside.py`, or host tools where bwrap.py can)
+  and kills the command's whole tree at the timeout or when it breaks a limit (`ExecResult.limit`
+  says which).
 - `upload(src, dest)` / `download(path, dest)` copy a file or folder into / out of the workspace
   with `files.copy` (no link followed, links kept as links, FIFOs and devices skipped), in a
   thread, within what is left of the disk limit; a path that leaves the workspace (`..`, absolute,
@@ -151,10 +152,11 @@ class Sandbox:
         cap = self.limits.max_output if max_output is None else max_output
         hits = self._limit_hits()
         try:
+            argv, environment = self._process(["/bin/sh", "-c", command], env | {MARKER: self.marker})
             proc = await asyncio.create_subprocess_exec(
-                *self._joined(self._wrap(self._launcher(["/bin/sh", "-c", command]))),
+                *argv,
                 cwd=self.workspace,
-                env=self._environment(env | {MARKER: self.marker}),
+                env=environment,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -206,6 +208,11 @@ class Sandbox:
 
     def _wrap(self, argv: list[str]) -> list[str]:
         raise NotImplementedError
+
+    def _process(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The host's command line and environment that run `argv` with `env` in this sandbox;
+        ValueError for what cannot be launched (a bad environment name)."""
+        return self._joined(self._wrap(self._launcher(argv))), self._environment(env)
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         base = {

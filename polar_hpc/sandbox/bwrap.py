@@ -21,6 +21,15 @@ CI) runs bwrap without a user namespace and with only the capabilities to change
 no_new_privs, root-only host files unreadable. Its process bound is then the sandbox's pids
 cgroup; without one RLIMIT_NPROC is set, which counts every sandbox of that uid together.
 
+The launcher before each command: on the host's root, where the host has util-linux's `prlimit`
+and `setpriv` (one that knows `--ambient-caps`) and coreutils' `env`, it is those: `prlimit` sets
+the limits, `setpriv` drops to `run_as` (a root gateway: no supplementary groups, every capability
+set emptied, no_new_privs), `env -i` gives the command its variables alone (they are arguments
+until then, so a task's LD_PRELOAD or PATH reaches nothing before the command) and SIGXFSZ
+ignored, as Python leaves it (a write past the file size bound fails with EFBIG). Python runs only
+for the proxy relay (`inside.py --relay`, after the drop). In an image, or without those tools,
+`inside.py` does all of it, the variables passed as POLAR_ENV_* (`--prefixed-env`).
+
 Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
 (or the command ending) takes every process it started with it: nothing outlives its command.
 With network `none` or `proxy-only` the command gets a network namespace with only loopback; the
@@ -30,6 +39,7 @@ With `host` the host network is shared.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -59,10 +69,25 @@ def available() -> bool:
     return probe.returncode == 0
 
 
-def shown_dirs() -> list[str]:
+@functools.cache
+def host_tools() -> dict[str, str] | None:
+    """prlimit, setpriv and env of the host (the launcher without Python), or None if one is missing,
+    setpriv cannot empty the ambient capability set (util-linux < 2.31) or env cannot ignore a
+    signal (coreutils < 8.31)."""
+    found = {name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin") or "" for name in ("prlimit", "setpriv", "env")}
+    if not all(found.values()):
+        return None
+    usage = {k: subprocess.run([found[k], "--help"], capture_output=True, text=True).stdout for k in ("setpriv", "env")}
+    knows = "--ambient-caps" in usage["setpriv"] and "--nnp" in usage["setpriv"] and "--ignore-signal" in usage["env"]
+    return found if knows else None
+
+
+@functools.cache
+def shown_dirs() -> tuple[str, ...]:
     """Folders bound back read-only over the hidden /tmp, /root and /home: those holding this
     interpreter, its virtualenv and the PATH entries (under /tmp the whole top-level folder, a
-    checkout with its virtualenv; under /root and /home only the folder itself)."""
+    checkout with its virtualenv; under /root and /home only the folder itself). Found once per
+    process (realpath of every PATH entry: milliseconds, before every command otherwise)."""
     wanted = [sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)]
     shown = set()
     for path in filter(os.path.isabs, wanted):
@@ -71,7 +96,7 @@ def shown_dirs() -> list[str]:
             shown.add(f"/tmp/{real.parts[2]}")
         elif any(real.is_relative_to(home) for home in HOMES) and real.is_dir():
             shown.add(str(real))
-    return sorted(shown)
+    return tuple(sorted(shown))
 
 
 def _cover(folder: str | Path) -> list[str]:
@@ -104,15 +129,42 @@ class BwrapSandbox(RunsAs):
             args[0] = "python3"  # the image's
         return args
 
+    def _process(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        tools = None if self.rootfs else host_tools()
+        if tools is None:
+            return super()._process(argv, env)
+        command = self._command_environment(env)
+        if bad := next((k for k in command if not k or "=" in k), None):
+            raise ValueError(f"bad environment variable name {bad!r}")
+        options = [o for o in self._launch_options() if o != "--prefixed-env"]  # inside.py's: flag, value pairs
+        given = dict(zip(options[::2], options[1::2]))  # the same bounds, set by the host's tools instead
+        chain = [tools["prlimit"], *(f"{f}={given[f]}:{given[f]}" for f in ("--nproc", "--fsize", "--as") if f in given), "--"]
+        if "--user" in given:
+            uid, gid = given["--user"].split(":")
+            chain += [tools["setpriv"], "--reuid", uid, "--regid", gid, "--clear-groups", "--bounding-set", "-all",
+                      "--inh-caps", "-all", "--ambient-caps", "-all", "--nnp", "--"]
+        if "--relay" in given:
+            chain += [self.python, *self.python_flags, self.inside, "--relay", given["--relay"], "--"]
+        # SIGXFSZ ignored, as Python's launcher leaves it: a write past the file size bound fails (EFBIG)
+        chain += [tools["env"], "--ignore-signal=XFSZ", "-i", "--", *(f"{k}={v}" for k, v in command.items()), *argv]
+        return self._joined(self._wrap(chain)), self._own_environment(command[MARKER])
+
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         """bwrap runs on the host (as root for a root gateway): it gets the gateway's PATH and the
         command's variables only as POLAR_ENV_*, which `inside.py --prefixed-env` restores for the
         command alone, so a task's LD_PRELOAD, PATH or PYTHONPATH cannot run code before the drop."""
+        command = self._command_environment(env)
+        return self._own_environment(command[MARKER]) | {ENV_PREFIX + k: v for k, v in command.items()}
+
+    def _command_environment(self, env: dict[str, str]) -> dict[str, str]:
         command = super()._environment(env) | {"TMPDIR": "/tmp"}
         if self.rootfs and "PATH" not in env:
             command["PATH"] = IMAGE_PATH
-        own = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", MARKER: command[MARKER]}
-        return own | {ENV_PREFIX + k: v for k, v in command.items()}
+        return command
+
+    @staticmethod
+    def _own_environment(marker: str) -> dict[str, str]:
+        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", MARKER: marker}
 
     def _wrap(self, argv: list[str]) -> list[str]:
         ws = str(self.workspace)

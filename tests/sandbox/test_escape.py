@@ -26,7 +26,7 @@ from aiohttp import web
 from e2e.helpers import live_processes_matching
 from bwrap_required import needs_bwrap
 from polar_hpc.client import Client
-from polar_hpc.sandbox import Limits, bwrap
+from polar_hpc.sandbox import Limits, SandboxError, bwrap
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.shards.reader import iter_trajectories
 
@@ -66,6 +66,46 @@ def _box(root: Path, proxy_socket: Path | None = None, hidden: tuple[Path, ...] 
     return BwrapSandbox(root, {}, [], "none", proxy_socket=proxy_socket, limits=Limits(**limits), hidden=hidden)
 
 
+@pytest.fixture(params=["host-tools", "inside.py"])
+def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both launchers a bwrap command can have: the host's prlimit/setpriv/env (Python only to
+    relay), and inside.py for all of it (an image; a host whose tools are missing or too old)."""
+    if request.param == "inside.py":
+        monkeypatch.setattr(bwrap, "host_tools", lambda: None)
+    elif bwrap.host_tools() is None:
+        pytest.skip("prlimit, setpriv or env is missing or too old here")
+    return request.param
+
+
+@pytest.mark.parametrize("privileged", [True, False], ids=["root-gateway", "user-namespace"])
+def test_the_host_tools_launcher_runs_python_only_to_relay(tmp_path: Path, privileged: bool) -> None:
+    if bwrap.host_tools() is None:
+        pytest.skip("prlimit, setpriv or env is missing or too old here")
+    (tmp_path / "proxy.sock").touch()
+    plain, relayed = _box(tmp_path / "a"), _box(tmp_path / "b", proxy_socket=tmp_path / "proxy.sock")
+    for sb in (plain, relayed):
+        sb.privileged = privileged and os.geteuid() == 0
+    argv, env = plain._process(["/bin/sh", "-c", "true"], {"LD_PRELOAD": "/x.so", "POLAR_SANDBOX_ID": "m"})
+    chain = argv[argv.index("--") + 1:]
+    assert plain.inside not in chain and PY not in chain, chain
+    assert "LD_PRELOAD" not in env and "LD_PRELOAD=/x.so" in chain  # an argument of `env -i` alone
+    assert ("--reuid" in chain) == plain.privileged
+    argv, _ = relayed._process(["/bin/sh", "-c", "true"], {"POLAR_SANDBOX_ID": "m"})
+    chain = argv[argv.index("--") + 1:]
+    start = chain.index(relayed.inside)
+    assert chain[start + 1:start + 4] == ["--relay", f"47111={relayed.proxy_socket_inside}", "--"], chain
+    assert chain.index(relayed.inside) > chain.index(bwrap.host_tools()["prlimit"]), chain  # after the limits and drop
+
+    async def bad_name():
+        await plain.start()
+        with pytest.raises(SandboxError, match="cannot launch the command: bad environment variable name 'A=B'"):
+            await plain.exec("true", {"A=B": "1"}, 5)
+        assert (await plain.exec("echo $A", {"A": "x=y"}, 5)).stdout == b"x=y\n"
+        assert await plain.stop()
+
+    _run(bad_name())
+
+
 CONNECT = """
 import socket, sys
 for host, port in [(a.split(':')[0], int(a.split(':')[1])) for a in sys.argv[1:]]:
@@ -77,7 +117,7 @@ for host, port in [(a.split(':')[0], int(a.split(':')[1])) for a in sys.argv[1:]
 """
 
 
-def test_network_none_reaches_the_proxy_and_nothing_else(tmp_path: Path) -> None:
+def test_network_none_reaches_the_proxy_and_nothing_else(tmp_path: Path, launcher: str) -> None:
     (tmp_path / "connect.py").write_text(CONNECT)
 
     async def go():
@@ -158,7 +198,7 @@ def test_fork_bomb_is_bounded_and_ends_the_command(tmp_path: Path) -> None:
     assert clean
 
 
-def test_disk_and_output_floods_are_bounded(tmp_path: Path) -> None:
+def test_disk_and_output_floods_are_bounded(tmp_path: Path, launcher: str) -> None:
     async def go():
         sb = _box(tmp_path / "sb", max_file_bytes=1 << 20, max_disk_bytes=8 << 20, max_output=4096)
         await sb.start()
@@ -178,7 +218,7 @@ def test_disk_and_output_floods_are_bounded(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("privileged", [True, False], ids=["root-gateway", "user-namespace"])
-def test_ram_filesystems_are_read_only_or_bounded(tmp_path: Path, privileged: bool) -> None:
+def test_ram_filesystems_are_read_only_or_bounded(tmp_path: Path, privileged: bool, launcher: str) -> None:
     """/dev is read-only, /dev/shm is the sandbox's folder on disk, /run and the covers hold 1 MiB at
     most, whoever the command runs as (writable covers are what a gateway that is not root gets)."""
     async def go():
@@ -210,7 +250,7 @@ __attribute__((constructor)) static void evil(void) {
 """
 
 
-def test_task_environment_runs_no_code_before_the_drop(tmp_path: Path) -> None:
+def test_task_environment_runs_no_code_before_the_drop(tmp_path: Path, launcher: str) -> None:
     """A task's LD_PRELOAD, PYTHONPATH and PATH reach the command, never bwrap on the host nor
     inside.py while it is root: each hook records the uid it ran as, on the host if it can."""
     host_out = Path(f"/var/tmp/polar-evil-{os.getpid()}")
