@@ -1,4 +1,6 @@
 """Runs INSIDE a sandbox, under the sandbox's own python3 (stdlib only): limits, proxy relay, exec.
+(bwrap on the host's root uses the host's prlimit, setpriv and env instead, where it has them,
+and this script with `--relay` alone for a command relayed to the proxy: bwrap.py.)
 
     python3 inside.py [--nproc N] [--fsize BYTES] [--as BYTES] [--user UID:GID] [--relay PORT=SOCKET] [--prefixed-env]
                       -- ARGV...
