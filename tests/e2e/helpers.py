@@ -27,18 +27,19 @@ def engine_samples(run_dir: Path) -> dict[tuple, dict]:
     return samples
 
 
-def live_processes_matching(marker: str) -> list[int]:
-    """PIDs of live (non-zombie) processes whose command line contains `marker`."""
+def live_processes_matching(marker: str, program: str | None = None) -> list[int]:
+    """PIDs of live (non-zombie) processes whose command line contains `marker` (and whose argv[0]
+    is `program`, if given: a sandboxed command's launchers carry it in their arguments too)."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            argv = Path(f"/proc/{entry.name}/cmdline").read_bytes().split(b"\0")
             state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if marker in cmdline and state != "Z":
+        if marker in b" ".join(argv).decode(errors="replace") and state != "Z" and program in (None, argv[0].decode()):
             found.append(int(entry.name))
     return found
 
