@@ -22,13 +22,14 @@ no_new_privs, root-only host files unreadable. Its process bound is then the san
 cgroup; without one RLIMIT_NPROC is set, which counts every sandbox of that uid together.
 
 The launcher before each command: on the host's root, where the host has util-linux's `prlimit`
-and `setpriv` (one that knows `--ambient-caps`) and coreutils' `env`, it is those: `prlimit` sets
-the limits, `setpriv` drops to `run_as` (a root gateway: no supplementary groups, every capability
-set emptied, no_new_privs), `env -i` gives the command its variables alone (they are arguments
-until then, so a task's LD_PRELOAD or PATH reaches nothing before the command) and SIGXFSZ
-ignored, as Python leaves it (a write past the file size bound fails with EFBIG). Python runs only
-for the proxy relay (`inside.py --relay`, after the drop). In an image, or without those tools,
-`inside.py` does all of it, the variables passed as POLAR_ENV_* (`--prefixed-env`).
+and `setpriv` (one that knows `--ambient-caps`), it is those: `prlimit` sets the limits, `setpriv`
+drops to `run_as` (a root gateway: no supplementary groups, every capability set emptied,
+no_new_privs), then `/bin/sh` turns each POLAR_ENV_NAME into NAME, leaves SIGXFSZ ignored (as
+Python does: a write past the file size bound fails with EFBIG) and execs the command. The
+command's variables travel as POLAR_ENV_* in the environment (readable by its owner alone), never
+in a command line, and reach no code before the drop. Python runs only for the proxy relay
+(`inside.py --relay`, after the drop). In an image, without those tools, or for a variable name
+that shell cannot restore, `inside.py` does all of it (`--prefixed-env`).
 
 Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
 (or the command ending) takes every process it started with it: nothing outlives its command.
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,7 +56,11 @@ HOMES = ("/root", "/home")
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a command's PATH in an image
 _OURS = ("dev", "proc", "tmp", "run")  # what the sandbox mounts itself, never taken from an image
 _COVER_BYTES = 1 << 20  # an empty cover only holds mount points
-_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # all inside.py needs to drop to `run_as`
+_SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # all inside.py or setpriv needs to drop to `run_as`
+# Names the launcher's shell can restore (others, rare, send the command through inside.py): an
+# identifier, not ours, not bash's read-only variables (/bin/sh is bash on some hosts).
+_RESTORABLE = re.compile(rf"(?!{ENV_PREFIX}|BASH)[A-Za-z_][A-Za-z0-9_]*")
+_READ_ONLY = frozenset({"EUID", "PPID", "SHELLOPTS", "UID"})
 
 
 def available() -> bool:
@@ -71,15 +77,13 @@ def available() -> bool:
 
 @functools.cache
 def host_tools() -> dict[str, str] | None:
-    """prlimit, setpriv and env of the host (the launcher without Python), or None if one is missing,
-    setpriv cannot empty the ambient capability set (util-linux < 2.31) or env cannot ignore a
-    signal (coreutils < 8.31)."""
-    found = {name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin") or "" for name in ("prlimit", "setpriv", "env")}
+    """prlimit and setpriv of the host (the launcher without Python), or None if one is missing or
+    setpriv cannot empty the ambient capability set (util-linux < 2.31)."""
+    found = {name: shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin") or "" for name in ("prlimit", "setpriv")}
     if not all(found.values()):
         return None
-    usage = {k: subprocess.run([found[k], "--help"], capture_output=True, text=True).stdout for k in ("setpriv", "env")}
-    knows = "--ambient-caps" in usage["setpriv"] and "--nnp" in usage["setpriv"] and "--ignore-signal" in usage["env"]
-    return found if knows else None
+    usage = subprocess.run([found["setpriv"], "--help"], capture_output=True, text=True).stdout
+    return found if "--ambient-caps" in usage and "--nnp" in usage else None
 
 
 @functools.cache
@@ -131,11 +135,9 @@ class BwrapSandbox(RunsAs):
 
     def _process(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         tools = None if self.rootfs else host_tools()
-        if tools is None:
-            return super()._process(argv, env)
         command = self._command_environment(env)
-        if bad := next((k for k in command if not k or "=" in k), None):
-            raise ValueError(f"bad environment variable name {bad!r}")
+        if tools is None or not all(_RESTORABLE.fullmatch(k) and k not in _READ_ONLY for k in command):
+            return super()._process(argv, env)  # inside.py for all of it
         options = [o for o in self._launch_options() if o != "--prefixed-env"]  # inside.py's: flag, value pairs
         given = dict(zip(options[::2], options[1::2]))  # the same bounds, set by the host's tools instead
         chain = [tools["prlimit"], *(f"{f}={given[f]}:{given[f]}" for f in ("--nproc", "--fsize", "--as") if f in given), "--"]
@@ -145,26 +147,27 @@ class BwrapSandbox(RunsAs):
                       "--inh-caps", "-all", "--ambient-caps", "-all", "--nnp", "--"]
         if "--relay" in given:
             chain += [self.python, *self.python_flags, self.inside, "--relay", given["--relay"], "--"]
-        # SIGXFSZ ignored, as Python's launcher leaves it: a write past the file size bound fails (EFBIG)
-        chain += [tools["env"], "--ignore-signal=XFSZ", "-i", "--", *(f"{k}={v}" for k, v in command.items()), *argv]
-        return self._joined(self._wrap(chain)), self._own_environment(command[MARKER])
+        # After the drop, a shell moves each POLAR_ENV_NAME to NAME (values never in a command line,
+        # which any user of the host can read) and leaves SIGXFSZ ignored, as Python's launcher does.
+        names = sorted(command)
+        restore = ("trap '' XFSZ; export " + " ".join(f'{k}="${ENV_PREFIX}{k}"' for k in names)
+                   + "; unset " + " ".join(ENV_PREFIX + k for k in names) + '; exec "$@"')
+        chain += ["/bin/sh", "-c", restore, "polar-env", *argv]
+        return self._joined(self._wrap(chain)), self._environment(env)
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         """bwrap runs on the host (as root for a root gateway): it gets the gateway's PATH and the
-        command's variables only as POLAR_ENV_*, which `inside.py --prefixed-env` restores for the
-        command alone, so a task's LD_PRELOAD, PATH or PYTHONPATH cannot run code before the drop."""
+        command's variables only as POLAR_ENV_*, which the launcher restores for the command alone
+        after the drop, so a task's LD_PRELOAD, PATH or PYTHONPATH cannot run code before it."""
         command = self._command_environment(env)
-        return self._own_environment(command[MARKER]) | {ENV_PREFIX + k: v for k, v in command.items()}
+        own = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", MARKER: command[MARKER]}
+        return own | {ENV_PREFIX + k: v for k, v in command.items()}
 
     def _command_environment(self, env: dict[str, str]) -> dict[str, str]:
         command = super()._environment(env) | {"TMPDIR": "/tmp"}
         if self.rootfs and "PATH" not in env:
             command["PATH"] = IMAGE_PATH
         return command
-
-    @staticmethod
-    def _own_environment(marker: str) -> dict[str, str]:
-        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", MARKER: marker}
 
     def _wrap(self, argv: list[str]) -> list[str]:
         ws = str(self.workspace)

@@ -80,30 +80,39 @@ def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
 @pytest.mark.parametrize("privileged", [True, False], ids=["root-gateway", "user-namespace"])
 def test_the_host_tools_launcher_runs_python_only_to_relay(tmp_path: Path, privileged: bool) -> None:
     if bwrap.host_tools() is None:
-        pytest.skip("prlimit, setpriv or env is missing or too old here")
+        pytest.skip("prlimit or setpriv is missing or too old here")
     (tmp_path / "proxy.sock").touch()
     plain, relayed = _box(tmp_path / "a"), _box(tmp_path / "b", proxy_socket=tmp_path / "proxy.sock")
     for sb in (plain, relayed):
         sb.privileged = privileged and os.geteuid() == 0
-    argv, env = plain._process(["/bin/sh", "-c", "true"], {"LD_PRELOAD": "/x.so", "POLAR_SANDBOX_ID": "m"})
+    secret = {"LD_PRELOAD": "/x.so", "OPENAI_API_KEY": "session-token", "POLAR_SANDBOX_ID": "m"}
+    argv, env = plain._process(["/bin/sh", "-c", "true"], secret)
     chain = argv[argv.index("--") + 1:]
     assert plain.inside not in chain and PY not in chain, chain
-    assert "LD_PRELOAD" not in env and "LD_PRELOAD=/x.so" in chain  # an argument of `env -i` alone
     assert ("--reuid" in chain) == plain.privileged
+    # values only in the environment (its owner's alone), never in a command line (anyone's)
+    assert "LD_PRELOAD" not in env and env["POLAR_ENV_OPENAI_API_KEY"] == "session-token"
+    assert not any("/x.so" in a or "session-token" in a for a in argv), argv
     argv, _ = relayed._process(["/bin/sh", "-c", "true"], {"POLAR_SANDBOX_ID": "m"})
     chain = argv[argv.index("--") + 1:]
     start = chain.index(relayed.inside)
     assert chain[start + 1:start + 4] == ["--relay", f"47111={relayed.proxy_socket_inside}", "--"], chain
     assert chain.index(relayed.inside) > chain.index(bwrap.host_tools()["prlimit"]), chain  # after the limits and drop
+    restorable = {"A": "it's \"$HOME\"\n`x`", "EMPTY": "", "PATH": "/usr/bin:/bin:/nowhere"}
+    through_inside = restorable | {"BASH_ENV": "/nope", "POLAR_ENV_D": "kept"}  # names the shell cannot restore
 
-    async def bad_name():
+    async def names_and_values():
         await plain.start()
-        with pytest.raises(SandboxError, match="cannot launch the command: bad environment variable name 'A=B'"):
+        with pytest.raises(SandboxError, match="cannot launch the command"):
             await plain.exec("true", {"A=B": "1"}, 5)
-        assert (await plain.exec("echo $A", {"A": "x=y"}, 5)).stdout == b"x=y\n"
+        shown = [await plain.exec("env", env, 5) for env in (restorable, through_inside)]
         assert await plain.stop()
+        return shown
 
-    _run(bad_name())
+    for env, out in zip((restorable, through_inside), _run(names_and_values())):
+        lines = set(out.stdout.decode().split("\n"))
+        assert all(f"{k}={v}".split("\n")[0] in lines for k, v in env.items()), out
+        assert {line.split("=")[0] for line in lines if line.startswith("POLAR_ENV_")} <= {"POLAR_ENV_D"}, out
 
 
 CONNECT = """
