@@ -5,7 +5,7 @@
   --starts. cold_start_cpu_ms: the CPU time of this process and the children it reaps over the
   same span; what runs inside bwrap's PID namespace is reaped there and not counted, so
   launcher_cpu_ms gives the CPU time of the in-sandbox launcher with the sandbox's own options
-  (on bwrap the host's prlimit, setpriv for a root gateway and env, then `sh -c true`) run alone
+  (on bwrap the host's prlimit, setpriv for a root gateway and the restoring shell, then `sh -c true`) run alone
   outside bwrap, median of --starts; python_launcher_cpu_ms that of `python3 -I -S inside.py`
   doing the same (the launcher in an image or on a host without those tools; a command relayed
   to the proxy runs it, with `--relay` only, after the host's tools).
