@@ -103,6 +103,14 @@ def shown_dirs() -> tuple[str, ...]:
     return tuple(sorted(shown))
 
 
+def _prefixed(command: dict[str, str]) -> dict[str, str]:
+    """bwrap's environment: bwrap runs on the host (as root for a root gateway), so it gets the
+    gateway's PATH and the command's variables only as POLAR_ENV_*, which the launcher restores for
+    the command alone after the drop: a task's LD_PRELOAD, PATH or PYTHONPATH runs no code before it."""
+    own = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", MARKER: command[MARKER]}
+    return own | {ENV_PREFIX + k: v for k, v in command.items()}
+
+
 def _cover(folder: str | Path) -> list[str]:
     return ["--size", str(_COVER_BYTES), "--tmpfs", str(folder)]
 
@@ -153,15 +161,10 @@ class BwrapSandbox(RunsAs):
         restore = ("trap '' XFSZ; export " + " ".join(f'{k}="${ENV_PREFIX}{k}"' for k in names)
                    + "; unset " + " ".join(ENV_PREFIX + k for k in names) + '; exec "$@"')
         chain += ["/bin/sh", "-c", restore, "polar-env", *argv]
-        return self._joined(self._wrap(chain)), self._environment(env)
+        return self._joined(self._wrap(chain)), _prefixed(command)
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
-        """bwrap runs on the host (as root for a root gateway): it gets the gateway's PATH and the
-        command's variables only as POLAR_ENV_*, which the launcher restores for the command alone
-        after the drop, so a task's LD_PRELOAD, PATH or PYTHONPATH cannot run code before it."""
-        command = self._command_environment(env)
-        own = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", MARKER: command[MARKER]}
-        return own | {ENV_PREFIX + k: v for k, v in command.items()}
+        return _prefixed(self._command_environment(env))
 
     def _command_environment(self, env: dict[str, str]) -> dict[str, str]:
         command = super()._environment(env) | {"TMPDIR": "/tmp"}
