@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import polar
-from e2e.helpers import trajectories
+from e2e.helpers import live_processes_matching, trajectories
 from images.conftest import Image, Registry, harbor_task, needs_tools
 from sandbox.bwrap_required import needs_bwrap
 
@@ -50,13 +50,14 @@ def test_pull_resumes_waits_reuses_and_the_run_uses_the_image(tmp_path: Path, re
     assert not list(cache.glob("sha256-*.rootfs")) and not list((cache / "refs").iterdir())
     assert registry.blob_gets(image.layer) == 1
 
-    first = _pull(suite, cache)  # resumes; stopped just before it publishes, holding the lock
-    _wait_for(lambda: any(partial.glob("*/bundle/rootfs/etc/polar-image")))
-    os.kill(first.pid, signal.SIGSTOP)
+    first = _pull(suite, cache)  # resumes; stopped with its unpack (before it publishes), holding the lock
+    _wait_for(lambda: live_processes_matching(str(partial), "umoci"))
+    os.killpg(first.pid, signal.SIGSTOP)  # the pull and its umoci: nothing can publish meanwhile
+    assert not list(cache.glob("sha256-*.rootfs"))
     second = _pull(suite, cache)
     time.sleep(3)
     assert second.poll() is None, "the second pull waits for the first"
-    os.kill(first.pid, signal.SIGCONT)
+    os.killpg(first.pid, signal.SIGCONT)
     out1, err1 = first.communicate(timeout=120)
     out2, err2 = second.communicate(timeout=120)
     assert first.returncode == 0 and second.returncode == 0, err1 + err2
