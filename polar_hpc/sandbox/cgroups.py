@@ -19,7 +19,11 @@ was reused. What each sandbox gets:
   (cgroup v2: its tree here sits at the root) or where the folder cannot be made or bounded,
   `memory_bounded` is False and the sandbox falls back to RLIMIT_AS (base.py);
 - `wrap(argv)`: a command that joins the cgroup, then execs `argv` (a shell does it, so no Python
-  runs between fork and exec in the gateway, which has threads);
+  runs between fork and exec in the gateway, which has threads). In v1 the shell (one thread)
+  writes 0, itself, to each `tasks` file: moving one's own thread skips the kernel's global
+  threadgroup lock, whose write side waits for an RCU grace period (5 ms here, 4 ms or more on
+  every command start otherwise, holding the cgroup mutex every mkdir and freeze then waits
+  for); v2 has only `cgroup.procs`;
 - `kill()`: freeze (v1 freezer; v2 `cgroup.kill`, else `cgroup.freeze`), SIGKILL every member,
   thaw: every member dies, none forks meanwhile.
 `Cgroups.close()` (a gateway's exit, by any path) kills and removes every sandbox cgroup of its
@@ -44,7 +48,7 @@ from polar_hpc.sandbox.limits import Limits
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT = "polar-hpc"
 SESSION_WEIGHT = {False: 1024, True: 100}  # a nice-0 session's (autogroup's) v1 cpu.shares, v2 cpu.weight
-_JOIN = 'for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 126; shift; done; shift; exec "$@"'
+_JOIN = 'for f; do [ "$f" = -- ] && break; echo 0 > "$f" || exit 126; shift; done; shift; exec "$@"'
 _PERIOD_US = 100_000
 
 
@@ -90,7 +94,7 @@ class Cgroup:
 
     def wrap(self, argv: list[str]) -> list[str]:
         """`argv`, started in the cgroup (so is every descendant); exit 126 if it cannot join."""
-        return ["/bin/sh", "-c", _JOIN, "join", *(str(f / "cgroup.procs") for _, f in self.folders), "--", *argv]
+        return ["/bin/sh", "-c", _JOIN, "join", *(str(f / _join_file(t)) for t, f in self.folders), "--", *argv]
 
     def pids(self) -> list[int]:
         if self.path is None:  # a folder half removed by an earlier close
@@ -122,6 +126,8 @@ class Cgroup:
 
     def kill(self, timeout_s: float = 3.0) -> bool:
         """SIGKILL every process in it, frozen first so none forks meanwhile; True once it is empty."""
+        if not self.pids():  # the usual end: the command's PID namespace took every process with it
+            return True
         deadline = time.monotonic() + timeout_s
         thaw = self._freeze(deadline)
         for pid in self.pids():
@@ -267,6 +273,10 @@ def _bound(tree: _Tree, folder: Path, limits: Limits) -> bool:
             _write(folder / "cpu.cfs_period_us", str(_PERIOD_US))
             _write(folder / "cpu.cfs_quota_us", str(quota))
     return "pids" not in tree.controllers or _write(folder / "pids.max", str(limits.max_pids))
+
+
+def _join_file(tree: _Tree) -> str:
+    return "cgroup.procs" if tree.v2 else "tasks"
 
 
 def _own_group(controller: str) -> str | None:
