@@ -13,8 +13,8 @@ A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root
   through a link) is refused. `SandboxError` names what went wrong.
 - Launching a command can fail (an argument or environment over the kernel's limit, a NUL byte, a
   bad environment name): `exec` raises `SandboxError` with the reason.
-- `cancel()` kills every process of the sandbox now; `stop()` does the same, removes the files,
-  and returns True only when it could verify that no process of the sandbox survives.
+- `cancel()` kills every process of the sandbox now and returns True only when it could verify
+  that none survives; `stop()` does the same, then removes the files and the cgroup.
 
 Processes are found by three means: the process groups of the commands started, the environment
 marker `POLAR_SANDBOX_ID` every process inherits, and the sandbox's cgroup when there is one
@@ -152,7 +152,7 @@ class Sandbox:
         cap = self.limits.max_output if max_output is None else max_output
         hits = self._limit_hits()
         try:
-            argv, environment = self._process(["/bin/sh", "-c", command], env | {MARKER: self.marker})
+            argv, environment = self._process(command, env | {MARKER: self.marker})
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 cwd=self.workspace,
@@ -181,19 +181,20 @@ class Sandbox:
         returncode = await proc.wait()
         return ExecResult(returncode, out, err, timed_out, limit)
 
-    async def cancel(self) -> None:
-        """Kill every process of the sandbox now (its files stay until `stop`)."""
+    async def cancel(self, timeout_s: float = 2.0) -> bool:
+        """Kill every process of the sandbox now (its files stay until `stop`); True when it could
+        verify that none survives."""
         await self._terminate()
-        await self._reap(timeout_s=2.0)
+        gone = await self._reap(timeout_s)
+        return gone and (self._cgroup is not None or self.pid_namespace)
 
     async def stop(self) -> bool:
-        """Kill what is left, remove the sandbox's files; True when no process of it can survive."""
-        await self._terminate()
-        gone = await self._reap(timeout_s=3.0)
+        """`cancel`, then remove the sandbox's files and cgroup; True when no process of it can survive."""
+        gone = await self.cancel(timeout_s=3.0)
         await self._remove()
         if self._cgroup is not None:
             gone = await asyncio.to_thread(self._cgroup.remove) and gone
-        return gone and (self._cgroup is not None or self.pid_namespace)
+        return gone
 
     # --- for backends ---------------------------------------------------------------------------
 
@@ -209,10 +210,10 @@ class Sandbox:
     def _wrap(self, argv: list[str]) -> list[str]:
         raise NotImplementedError
 
-    def _process(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        """The host's command line and environment that run `argv` with `env` in this sandbox;
-        ValueError for what cannot be launched (a bad environment name)."""
-        return self._joined(self._wrap(self._launcher(argv))), self._environment(env)
+    def _process(self, command: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The host's command line and environment that run `/bin/sh -c command` with `env` in this
+        sandbox; ValueError for what cannot be launched (a bad environment name)."""
+        return self._joined(self._wrap(self._launcher(["/bin/sh", "-c", command]))), self._environment(env)
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         base = {

@@ -22,10 +22,12 @@ no_new_privs, root-only host files unreadable. Its process bound is then the san
 cgroup; without one RLIMIT_NPROC is set, which counts every sandbox of that uid together.
 
 The launcher before each command: on the host's root, where the host has util-linux's `prlimit`
-and `setpriv` (one that knows `--ambient-caps`), it is those: `prlimit` sets the limits, `setpriv`
-drops to `run_as` (a root gateway: no supplementary groups, every capability set emptied,
-no_new_privs), then `/bin/sh` turns each POLAR_ENV_NAME into NAME, leaves SIGXFSZ ignored (as
-Python does: a write past the file size bound fails with EFBIG) and execs the command. The
+and `setpriv` (one that knows `--ambient-caps`), it is those: `prlimit` sets RLIMIT_NPROC and
+RLIMIT_AS where they are needed (else it is not run), `setpriv` drops to `run_as` (a root gateway:
+no supplementary groups, every capability set emptied, no_new_privs), then the command's own
+`/bin/sh -c` first sets RLIMIT_FSIZE (`ulimit -f`: the bound rounded down to 512 bytes), ignores
+SIGXFSZ (as Python does: a write past the file size bound fails with EFBIG) and turns each
+POLAR_ENV_NAME into NAME, then runs the command's text (one shell, no second one). The
 command's variables travel as POLAR_ENV_* in the environment (readable by its owner alone), never
 in a command line, and reach no code before the drop. Python runs only for the proxy relay
 (`inside.py --relay`, after the drop). In an image, without those tools, or for a variable name
@@ -90,7 +92,8 @@ def host_tools() -> dict[str, str] | None:
 def shown_dirs() -> tuple[str, ...]:
     """Folders bound back read-only over the hidden /tmp, /root and /home: those holding this
     interpreter, its virtualenv and the PATH entries (under /tmp the whole top-level folder, a
-    checkout with its virtualenv; under /root and /home only the folder itself). Found once per
+    checkout with its virtualenv; under /root and /home only the folder itself; none inside
+    another, which shows it already: each bind costs bwrap a fraction of a ms). Found once per
     process (realpath of every PATH entry: milliseconds, before every command otherwise)."""
     wanted = [sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)]
     shown = set()
@@ -100,7 +103,7 @@ def shown_dirs() -> tuple[str, ...]:
             shown.add(f"/tmp/{real.parts[2]}")
         elif any(real.is_relative_to(home) for home in HOMES) and real.is_dir():
             shown.add(str(real))
-    return tuple(sorted(shown))
+    return tuple(sorted(p for p in shown if not any(Path(p).is_relative_to(q) and p != q for q in shown)))
 
 
 def _prefixed(command: dict[str, str]) -> dict[str, str]:
@@ -141,27 +144,31 @@ class BwrapSandbox(RunsAs):
             args[0] = "python3"  # the image's
         return args
 
-    def _process(self, argv: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    def _process(self, command: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         tools = None if self.rootfs else host_tools()
-        command = self._command_environment(env)
-        if tools is None or not all(_RESTORABLE.fullmatch(k) and k not in _READ_ONLY for k in command):
-            return super()._process(argv, env)  # inside.py for all of it
+        variables = self._command_environment(env)
+        if tools is None or not all(_RESTORABLE.fullmatch(k) and k not in _READ_ONLY for k in variables):
+            return super()._process(command, env)  # inside.py for all of it
         options = [o for o in self._launch_options() if o != "--prefixed-env"]  # inside.py's: flag, value pairs
         given = dict(zip(options[::2], options[1::2]))  # the same bounds, set by the host's tools instead
-        chain = [tools["prlimit"], *(f"{f}={given[f]}:{given[f]}" for f in ("--nproc", "--fsize", "--as") if f in given), "--"]
+        bounds = [f"{f}={given[f]}:{given[f]}" for f in ("--nproc", "--as") if f in given]  # the file size: below
+        chain = [tools["prlimit"], *bounds, "--"] if bounds else []
         if "--user" in given:
             uid, gid = given["--user"].split(":")
             chain += [tools["setpriv"], "--reuid", uid, "--regid", gid, "--clear-groups", "--bounding-set", "-all",
                       "--inh-caps", "-all", "--ambient-caps", "-all", "--nnp", "--"]
         if "--relay" in given:
             chain += [self.python, *self.python_flags, self.inside, "--relay", given["--relay"], "--"]
-        # After the drop, a shell moves each POLAR_ENV_NAME to NAME (values never in a command line,
-        # which any user of the host can read) and leaves SIGXFSZ ignored, as Python's launcher does.
-        names = sorted(command)
-        restore = ("trap '' XFSZ; export " + " ".join(f'{k}="${ENV_PREFIX}{k}"' for k in names)
-                   + "; unset " + " ".join(ENV_PREFIX + k for k in names) + '; exec "$@"')
-        chain += ["/bin/sh", "-c", restore, "polar-env", *argv]
-        return self._joined(self._wrap(chain)), _prefixed(command)
+        # After the drop, the command's shell bounds the file size (POSIX `ulimit -f`: 512-byte
+        # blocks, hard and soft; it cannot fail open), ignores SIGXFSZ as inside.py does, moves each
+        # POLAR_ENV_NAME to NAME (values never in a command line, which any user of the host can
+        # read), then runs the command on the same line (its line numbers unchanged).
+        names = sorted(variables)
+        restore = (f"ulimit -f {int(given['--fsize']) // 512} || exit 126; trap '' XFSZ; export "
+                   + " ".join(f'{k}="${ENV_PREFIX}{k}"' for k in names)
+                   + "; unset " + " ".join(ENV_PREFIX + k for k in names) + "; ")
+        chain += ["/bin/sh", "-c", restore + command, "/bin/sh"]
+        return self._joined(self._wrap(chain)), _prefixed(variables)
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         return _prefixed(self._command_environment(env))

@@ -86,14 +86,14 @@ def test_the_host_tools_launcher_runs_python_only_to_relay(tmp_path: Path, privi
     for sb in (plain, relayed):
         sb.privileged = privileged and os.geteuid() == 0
     secret = {"LD_PRELOAD": "/x.so", "OPENAI_API_KEY": "session-token", "POLAR_SANDBOX_ID": "m"}
-    argv, env = plain._process(["/bin/sh", "-c", "true"], secret)
+    argv, env = plain._process("true", secret)
     chain = argv[argv.index("--") + 1:]
     assert plain.inside not in chain and PY not in chain, chain
     assert ("--reuid" in chain) == plain.privileged
     # values only in the environment (its owner's alone), never in a command line (anyone's)
     assert "LD_PRELOAD" not in env and env["POLAR_ENV_OPENAI_API_KEY"] == "session-token"
     assert not any("/x.so" in a or "session-token" in a for a in argv), argv
-    argv, _ = relayed._process(["/bin/sh", "-c", "true"], {"POLAR_SANDBOX_ID": "m"})
+    argv, _ = relayed._process("true", {"POLAR_SANDBOX_ID": "m"})
     chain = argv[argv.index("--") + 1:]
     start = chain.index(relayed.inside)
     assert chain[start + 1:start + 4] == ["--relay", f"47111={relayed.proxy_socket_inside}", "--"], chain
@@ -113,6 +113,25 @@ def test_the_host_tools_launcher_runs_python_only_to_relay(tmp_path: Path, privi
         lines = set(out.stdout.decode().split("\n"))
         assert all(f"{k}={v}".split("\n")[0] in lines for k, v in env.items()), out
         assert {line.split("=")[0] for line in lines if line.startswith("POLAR_ENV_")} <= {"POLAR_ENV_D"}, out
+
+
+def test_the_command_sees_the_same_shell_under_either_launcher(tmp_path: Path, launcher: str) -> None:
+    """The host tools' launcher runs the command's text in the shell that restores its variables,
+    on the same line: $0, the arguments, the variables and the line numbers are those of
+    `/bin/sh -c TEXT`, as under inside.py, and the file size bound is a hard one."""
+
+    async def go():
+        sb = _box(tmp_path / "sb", max_file_bytes=1 << 20)
+        await sb.start()
+        try:
+            return [await sb.exec('echo "$0|$#|${POLAR_ENV_A-none}|$A|$(ulimit -H -f)"', {"A": "it's"}, 10),
+                    await sb.exec("true\nno_such_command_x", {}, 10)]
+        finally:
+            assert await sb.stop()
+
+    shell, broken = _run(go())
+    assert shell.stdout == b"/bin/sh|0|none|it's|2048\n", shell  # 512-byte blocks
+    assert broken.returncode == 127 and b"/bin/sh: 2: no_such_command_x: not found" in broken.stderr, broken
 
 
 CONNECT = """
