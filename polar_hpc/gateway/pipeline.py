@@ -8,7 +8,9 @@ included), the READY wait and RUN; POSTRUN always runs, so the calls captured so
 trajectory whatever happened, and its evaluation ends by the later of the deadline and
 EVALUATION_SLACK_S (+ a command evaluator's timeout_s) after it starts, else the session is
 `timeout`. A sandbox that cannot start or launch the harness (or any bug before POSTRUN) ends the
-session `error` at once, with the reason.
+session `error` at once, with the reason. POSTRUN kills the sandbox's processes (and checks that
+none survives) before the trajectory is written; its files and cgroup are removed after the
+result is sent, still inside the POSTRUN slot.
 A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
 is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 
@@ -98,8 +100,12 @@ class Pipeline:
             "POSTRUN": asyncio.Semaphore(pools.postrun),
         }
         self.sessions: dict[str, asyncio.Task] = {}
+        self._draining = False
 
     def assign(self, spec: wire.SessionSpec) -> None:
+        if self._draining:  # sent for a credit given before the stop: requeued with this gateway's others
+            log.warning("session %s assigned while the gateway stops: not started", spec.session_id)
+            return
         task = asyncio.create_task(self._session(spec), name=spec.session_id)
         self.sessions[spec.session_id] = task
         task.add_done_callback(lambda _: self.sessions.pop(spec.session_id, None))
@@ -109,7 +115,9 @@ class Pipeline:
             self.sessions[session_id].cancel()
 
     async def drain(self) -> None:
-        """Cancel every session and wait until each has written its trajectory."""
+        """Cancel every session and wait until each has written its trajectory; from now on no
+        credit is given back and no session is taken."""
+        self._draining = True
         for t in list(self.sessions.values()):
             t.cancel()
         await asyncio.gather(*self.sessions.values(), return_exceptions=True)
@@ -266,7 +274,7 @@ class Pipeline:
 
     def _release(self, stage: str) -> None:
         self._stage[stage].release()
-        if stage == "INIT":
+        if stage == "INIT" and not self._draining:
             self.send(wire.Credit(n=1))
 
     async def _postrun(self, spec, task: Task, sandbox: Sandbox, outcome: _Outcome, t_start: float) -> None:
@@ -282,7 +290,7 @@ class Pipeline:
             reward = await self._evaluate(spec, task, sandbox, records, outcome, metadata)
         if outcome.evaluation_timings:
             metadata["evaluation_timings"] = outcome.evaluation_timings
-        clean = [await sandbox.stop(), await _stop_fresh(outcome.fresh)]
+        clean = [await sandbox.cancel(), await _stop_fresh(outcome.fresh)]
         if not all(clean):
             metadata["untrainable"] = "sandbox teardown could not verify that no process survived"
         t_end = time.time()
@@ -312,6 +320,7 @@ class Pipeline:
                 error=outcome.error,
             )
         )
+        await sandbox.stop()  # its files and cgroup, after the result: off the session's path
 
     def _update(self, session_id: str, state: str, outcome: _Outcome) -> None:
         t = outcome.marks[state] = time.time()
