@@ -8,7 +8,9 @@ object):
   (assigned to trajectory written) minus the time its harness process ran (which holds the
   engine's time) and minus the time it waited for a free slot (queueing, which is capacity, not
   overhead); init_p50_ms and postrun_p50_ms split it (INIT: sandbox start, session open at the
-  proxy; POSTRUN: collect records, build, tear down, append to the shard). The mean holds the
+  proxy; POSTRUN: collect records, build, kill the sandbox's processes and check that none
+  survives, append to the shard; the sandbox's files and cgroup are removed after the result is
+  sent, still in the POSTRUN slot: in the gateway's CPU below, not in the span). The mean holds the
   first sessions, whose INIT waits for the proxy to load its tokenizer; the median does not.
 - gateway_cpu_ms_per_session: the gateway process's own CPU time while it served (from its proxy's
   start, after its imports, to its proxy's end), per session; children_cpu_ms_per_session: that of

@@ -5,13 +5,19 @@
   --starts. cold_start_cpu_ms: the CPU time of this process and the children it reaps over the
   same span; what runs inside bwrap's PID namespace is reaped there and not counted, so
   launcher_cpu_ms gives the CPU time of the in-sandbox launcher with the sandbox's own options
-  (on bwrap the host's prlimit, setpriv for a root gateway and the restoring shell, then `sh -c true`) run alone
-  outside bwrap, median of --starts; python_launcher_cpu_ms that of `python3 -I -S inside.py`
-  doing the same (the launcher in an image or on a host without those tools; a command relayed
-  to the proxy runs it, with `--relay` only, after the host's tools).
+  (on bwrap the host's prlimit, setpriv for a root gateway, then the command's own `sh -c` that
+  restores its variables and runs `true`) run alone outside bwrap, median of --starts;
+  python_launcher_cpu_ms that of `python3 -I -S inside.py` doing the same (the launcher in an
+  image or on a host without those tools; a command relayed to the proxy runs it, with `--relay`
+  only, after the host's tools).
+- Where a cold start's time goes (medians, same run): start_ms (`start()`), exec_ms (`exec("true")`:
+  the cgroup-joining shell, bwrap, the launcher), our_bwrap_ms (the sandbox's own bwrap command
+  line, its mounts and namespaces, running /bin/true itself: no cgroup join, no launcher);
+  shown_dirs: how many host folders under /tmp, /root and /home (this interpreter's, the PATH's)
+  that line binds back (`bwrap.shown_dirs`), a bind mount each.
 - bare_bwrap_ms: in the same run, interleaved with the cold starts, `bwrap --ro-bind / / --dev /dev
-  --proc /proc --unshare-all --die-with-parent --new-session true` started the same way (asyncio,
-  piped output); cold_to_bare_ratio = cold_start_ms / bare_bwrap_ms (goal <= 2).
+  --proc /proc --unshare-all --die-with-parent --new-session true` started the same way as
+  our_bwrap (asyncio, piped output); cold_to_bare_ratio = cold_start_ms / bare_bwrap_ms (goal <= 2).
 - The staged run drives the gateway's real `Pipeline` (its stages, slots, credits and shard writer)
   with a synthetic sandbox: init (start) = run/2, harness (exec) = run, postrun (teardown) = run/4,
   16 sessions per RUN slot, credits answered at once as the orchestrator would.
@@ -38,6 +44,7 @@ import json
 import resource
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from asyncio.subprocess import DEVNULL, PIPE
@@ -46,7 +53,7 @@ from pathlib import Path
 from polar_hpc import wire
 from polar_hpc.config import PoolConfig, SandboxConfig, Task
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
-from polar_hpc.sandbox import ExecResult, Sandbox, backend
+from polar_hpc.sandbox import ExecResult, Sandbox, backend, bwrap
 from polar_hpc.sandbox.base import INSIDE, MARKER
 from polar_hpc.shards.writer import ShardWriter
 
@@ -55,35 +62,47 @@ BARE = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--u
         "--new-session", "true"]
 
 
-async def cold_starts(tmp: Path, n: int) -> tuple[float, float, float, str]:
-    """(cold start ms, its CPU ms, bare bwrap ms, backend): medians of `n` each, taken in turns."""
+async def cold_starts(tmp: Path, n: int) -> dict[str, float]:
+    """Medians of `n` cold starts and of their parts, with our bwrap alone and a bare one, in turns."""
     make, _ = backend(SandboxConfig(), tmp)
     (tmp / "agent.py").write_text("print('hi')\n")
-    spans, cpu, bare, name = [], [], [], ""
+    taken: dict[str, list[float]] = {k: [] for k in ("cold", "cpu", "start", "exec", "ours", "bare")}
     for i in range(n):
         t0, c0 = time.perf_counter(), _cpu_s()
         sb = make(tmp / f"cold{i}", {"agent.py": str(tmp / "agent.py")}, [], "none")
         await sb.start()
+        t1 = time.perf_counter()
         await sb.exec("true", {}, 30)
-        spans.append(time.perf_counter() - t0)
-        cpu.append(_cpu_s() - c0)
-        name = sb.name
+        t2 = time.perf_counter()
+        taken["cpu"].append(_cpu_s() - c0)
+        for key, span in (("cold", t2 - t0), ("start", t1 - t0), ("exec", t2 - t1)):
+            taken[key].append(span)
+        if sb.name == "bwrap":  # its command line with /bin/true in the launcher's place, not joined
+            argv, env = sb._process("true", {MARKER: sb.marker})
+            at = argv.index("bwrap")
+            taken["ours"].append(await _spawned(argv[at:argv.index("--", at) + 1] + ["/bin/true"], env))
         await sb.stop()
         if shutil.which("bwrap"):
-            t0 = time.perf_counter()
-            proc = await asyncio.create_subprocess_exec(*BARE, stdout=PIPE, stderr=PIPE, stdin=DEVNULL)
-            await proc.communicate()
-            bare.append(time.perf_counter() - t0)
-    return (1000 * statistics.median(spans), 1000 * statistics.median(cpu),
-            1000 * statistics.median(bare) if bare else float("nan"), name)
+            taken["bare"].append(await _spawned(BARE, None))
+    return {k: 1000 * statistics.median(v) if v else float("nan") for k, v in taken.items()}
+
+
+async def _spawned(argv: list[str], env: dict[str, str] | None) -> float:
+    """Seconds to start `argv` (asyncio, piped output) and see it exit 0."""
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdout=PIPE, stderr=PIPE, stdin=DEVNULL)
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        sys.exit(f"{argv[0]} exited {proc.returncode}: {err.decode(errors='replace')[-1000:]}")
+    return time.perf_counter() - t0
 
 
 async def launcher_cpu_ms(tmp: Path, n: int) -> tuple[float, float]:
     """CPU ms of the sandbox's own launcher and of the Python one, each run outside the sandbox."""
     make, _ = backend(SandboxConfig(), tmp)
     sb = make(tmp / "launcher", {}, [], "none")
-    launchers = [sb._process(["/bin/sh", "-c", "true"], {MARKER: sb.marker}),
-                 Sandbox._process(sb, ["/bin/sh", "-c", "true"], {MARKER: sb.marker})]  # inside.py for all of it
+    launchers = [sb._process("true", {MARKER: sb.marker}),
+                 Sandbox._process(sb, "true", {MARKER: sb.marker})]  # inside.py for all of it
     cpu: list[list[float]] = [[], []]
     for _ in range(n):
         for i, (argv, env) in enumerate(launchers):
@@ -127,6 +146,9 @@ class _Staged(Sandbox):
         await asyncio.sleep(self.run_s)
         self.runs.append((t0, time.perf_counter()))
         return ExecResult(0, b"", b"", False)
+
+    async def cancel(self, timeout_s: float = 2.0) -> bool:
+        return True
 
     async def stop(self) -> bool:
         await asyncio.sleep(self.post_s)
@@ -179,18 +201,22 @@ async def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="polar-bench-") as d:
         tmp = Path(d)
-        cold, cold_cpu, bare, name = await cold_starts(tmp, args.starts)
+        cold = await cold_starts(tmp, args.starts)
         launcher, python_launcher = await launcher_cpu_ms(tmp, args.starts)
         busy_pool, acquire = await staged(tmp, args.run_s, args.slots, pooled=True)
         busy_nopool, _ = await staged(tmp, args.run_s, args.slots, pooled=False)
-    print(f"backend {name}; {args.slots} RUN slots x 16 sessions, run {args.run_s}s, init run/2, postrun run/4")
+    print(f"{args.slots} RUN slots x 16 sessions, run {args.run_s}s, init run/2, postrun run/4")
     print(json.dumps({
-        "cold_start_ms": round(cold, 2),
-        "cold_start_cpu_ms": round(cold_cpu, 2),
+        "cold_start_ms": round(cold["cold"], 2),
+        "cold_start_cpu_ms": round(cold["cpu"], 2),
+        "start_ms": round(cold["start"], 2),
+        "exec_ms": round(cold["exec"], 2),
+        "our_bwrap_ms": round(cold["ours"], 2),
+        "shown_dirs": len(bwrap.shown_dirs()),
         "launcher_cpu_ms": round(launcher, 2),
         "python_launcher_cpu_ms": round(python_launcher, 2),
-        "bare_bwrap_ms": round(bare, 2),
-        "cold_to_bare_ratio": round(cold / bare, 2),
+        "bare_bwrap_ms": round(cold["bare"], 2),
+        "cold_to_bare_ratio": round(cold["cold"] / cold["bare"], 2),
         "pooled_acquire_ms": round(acquire, 3),
         "run_slot_busy_with_pool": round(busy_pool, 3),
         "run_slot_busy_without_pool": round(busy_nopool, 3),
