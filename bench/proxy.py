@@ -5,7 +5,11 @@ Five targets reach one scripted engine, each with the same conversations:
 - `passthrough`: a polar-hpc proxy in passthrough mode, and `router`: sglang-router
   (`python -m sglang_router.launch_router`, cache_aware), each forwarding to that same route: a
   hop in front of the same engine work, so `<hop>_added_*` (minus direct_chat) is the pure cost of
-  the hop.
+  the hop. The same engine work: passthrough asks the engine for the prompt's and the reply's
+  token ids and the reply's logprobs (it records them), so the calls to all three targets ask for
+  them (`logprobs`, `return_token_ids`); without, the engine did 5-15 % more CPU a call behind the
+  proxy than behind the router or directly, which at 256 sessions queued in the engine and showed
+  as the proxy's.
 - `direct_tito`: this process does what a tito proxy does, without a proxy, with the proxy's own
   parts: it renders and tokenizes (`Renderer`, each session's history extended as a chain,
   `Chains`), calls the engine's /generate with the ids (the proxy's request), and parses the tool
@@ -94,6 +98,7 @@ TOOLS = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]
 PROXIES = {"tito": "tito", "passthrough": "passthrough"}  # target name (the proxy's id): mode
 PAIRS = {"passthrough": "direct_chat", "router": "direct_chat", "tito": "direct_tito"}  # hop: direct
+CAPTURE = {"logprobs": True, "return_token_ids": True}  # what passthrough asks the engine for (see the docstring)
 HOPS = ("passthrough", "router")  # each alone on the hop's CPU when pinned
 WORDS = "agent tool file line error test build patch diff commit branch module value result".split()
 TOKEN_DELAY_MS = 40.0  # the engine's decoding time per token (see the docstring)
@@ -133,8 +138,8 @@ async def session(ask, conversations: Conversations, http: aiohttp.ClientSession
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": str(value)})
 
 
-async def chat(url: str, http: aiohttp.ClientSession, token: str, messages: list[dict]) -> dict:
-    body = msgspec.json.encode({"model": "m", "messages": messages, "tools": TOOLS})
+async def chat(url: str, fields: dict, http: aiohttp.ClientSession, token: str, messages: list[dict]) -> dict:
+    body = msgspec.json.encode({"model": "m", "messages": messages, "tools": TOOLS, **fields})
     async with http.post(url + "/v1/chat/completions", data=body, headers={
             "Authorization": f"Bearer {token}", "Content-Type": "application/json"}) as resp:
         answer = msgspec.json.decode(await resp.read())
@@ -202,7 +207,7 @@ def first_call(tmp: Path, gateway: Gateway) -> float:
     async def one() -> None:
         async with aiohttp.ClientSession() as http:
             messages = [{"role": "user", "content": "What is 2 * 3 + 4?"}]
-            await chat(url, http, "tito-first-0-0", messages)
+            await chat(url, {}, http, "tito-first-0-0", messages)
 
     try:
         asyncio.run(one())
@@ -287,7 +292,7 @@ def main() -> None:
             procs_of["router"] = router.pid
             for hop in HOPS:
                 pin(procs_of[hop], hop_cpus)
-            asks = {name: functools.partial(chat, url) for name, url in urls.items()}
+            asks = {name: functools.partial(chat, url, {} if name == "tito" else CAPTURE) for name, url in urls.items()}
             asks["direct_tito"] = DirectTito(engine_url).ask
             pids = {name: {"engine_cpu": engine.proc.pid} for name in asks}
             for name, pid in procs_of.items():
