@@ -49,7 +49,9 @@ Figures (per round, then the median over `--rounds` rounds):
   the same work), and `<hop>_ratio`: its p50 over its pair's (hops: passthrough and router over
   direct_chat, tito over direct_tito); `passthrough_vs_router`: passthrough_added_p50_ms /
   router_added_p50_ms (goal: <= 1.5 at 64 and 256 sessions), null when the router's is not
-  positive (then it is noise, and so is the ratio);
+  positive (then it is noise, and so is the ratio); `passthrough_over_router_p50_ms`: the median
+  over calls of passthrough's latency minus the router's for the same call, defined whatever the
+  sign (what passthrough adds beyond what the router adds);
 - `<hop>_cpu_ms`: CPU time of the proxy's or router's process per call (steadier than wall time
   on a shared machine), beside `<target>_engine_cpu_ms`, the engine's, per call;
   `passthrough_vs_router_cpu`: passthrough_cpu_ms / router_cpu_ms, what each hop costs its CPU;
@@ -246,6 +248,7 @@ def figures(rounds: list[dict[str, dict]]) -> dict[str, float]:
         out[f"{hop}_cpu_ms"] = median(lambda r, h=hop: per_call(r, h, "cpu"))
     router = out["router_added_p50_ms"]
     out["passthrough_vs_router"] = round(out["passthrough_added_p50_ms"] / router, 3) if router > 0 else None
+    out["passthrough_over_router_p50_ms"] = median(lambda r: added(r, "passthrough", "router", 50))
     out["passthrough_vs_router_cpu"] = round(out["passthrough_cpu_ms"] / out["router_cpu_ms"], 3)
     return out
 
