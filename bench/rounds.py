@@ -12,7 +12,8 @@ alike: at c=1 the targets take turns session by session. Per target it returns `
 that process's CPU seconds while the target's waves ran.
 
 `Gateway`: the proxies' peer in a process of its own, as a real gateway is. `start` spawns a
-polar-hpc child and waits for its ready file; `cpu_s(pid)`, `gated`, `positive`, `free_port`.
+polar-hpc child and waits for its ready file; `pin(pid, cpus)` moves every thread of a process to
+those CPUs (threads it starts later inherit them); `cpu_s(pid)`, `gated`, `positive`, `free_port`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import queue
 import random
 import socket
@@ -67,6 +69,13 @@ def cpu_s(pid: int) -> float:
     """Seconds a process's live threads have run on a CPU so far (Linux schedstat, ns-exact)."""
     return sum(int((task / "schedstat").read_text().split()[0])
                for task in Path(f"/proc/{pid}/task").iterdir()) / 1e9
+
+
+def pin(pid: int, cpus: set[int] | None) -> None:
+    """Every thread of process `pid` (and those it starts later) on `cpus`; None: left as it is."""
+    if cpus is not None:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            os.sched_setaffinity(int(task.name), cpus)
 
 
 def positive(text: str) -> int:

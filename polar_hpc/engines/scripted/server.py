@@ -11,7 +11,8 @@ GET /get_model_info, GET /v1/models, and SGLang's weight-update routes (/pause_g
 variable `security.ENGINE_KEY_ENV` set (the run's engine API key), every route but /health demands
 it as `Authorization: Bearer`, like SGLang's `--api-key`. `serve(options)` blocks: it listens
 (port 0: a free port), writes `{"url": ...}` to the ready file atomically, and returns after
-SIGTERM/SIGINT. A bad rules file raises ConfigError before anything listens.
+SIGTERM/SIGINT. A bad rules file raises ConfigError before anything listens. It queues up to
+`BACKLOG` connections not yet accepted, as SGLang's server does.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from polar_hpc.engines.scripted.model import BadRequest, Generation, SamplingPar
 from polar_hpc.engines.scripted.weights import add_routes as add_weight_routes
 from polar_hpc.engines.scripted.weights import ABORT_MESSAGE, abort_signal, generation_gate
 from polar_hpc.security import ENGINE_KEY_ENV
+
+BACKLOG = 2048  # connections queued before they are accepted, as SGLang's server (uvicorn) has
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ async def _serve(options: ScriptedOptions, app: web.Application) -> None:
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     try:
-        await web.TCPSite(runner, options.host, options.port).start()
+        await web.TCPSite(runner, options.host, options.port, backlog=BACKLOG).start()
         url = f"http://{options.host}:{runner.addresses[0][1]}"
         if options.ready_file is not None:
             procs.write_ready(Path(options.ready_file), {"url": url})
