@@ -21,9 +21,9 @@ was reused. What each sandbox gets:
 - `wrap(argv)`: a command that joins the cgroup, then execs `argv` (a shell does it, so no Python
   runs between fork and exec in the gateway, which has threads). In v1 the shell (one thread)
   writes 0, itself, to each `tasks` file: moving one's own thread skips the kernel's global
-  threadgroup lock, whose write side waits for an RCU grace period (5 ms here, 4 ms or more on
-  every command start otherwise, holding the cgroup mutex every mkdir and freeze then waits
-  for); v2 has only `cgroup.procs`;
+  threadgroup lock, whose write side waits an RCU grace period (5 ms here) holding the cgroup
+  mutex, which every cgroup mkdir and freeze of the node then waits for; v2 has only
+  `cgroup.procs`;
 - `kill()`: freeze (v1 freezer; v2 `cgroup.kill`, else `cgroup.freeze`), SIGKILL every member,
   thaw: every member dies, none forks meanwhile.
 `Cgroups.close()` (a gateway's exit, by any path) kills and removes every sandbox cgroup of its
