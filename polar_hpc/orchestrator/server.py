@@ -48,6 +48,7 @@ from polar_hpc.orchestrator.sessions import FINAL, SessionTable
 log = logging.getLogger("polar_hpc.orchestrator")
 
 _BATCH = 1000  # messages taken at once before their answers go out
+_WAITING_ROUNDS = 1000  # loop turns given to waiting messages before a liveness check (a flood cannot hold it off)
 
 
 def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0, advertise: str | None = None,
@@ -250,9 +251,19 @@ class Orchestrator:
         while True:
             if self.service.enabled:
                 self.front.take_inbox()
+            await self._heard_waiting()
             self.watch.beat()
             self.journal.flush()
             await asyncio.sleep(self.topology.gateway.heartbeat_s)
+
+    async def _heard_waiting(self) -> None:
+        """Let `_recv` take the messages already waiting before members are judged silent: after a
+        stall of this loop (a slow journal write, a starved CPU) their heartbeats wait unheard.
+        The async socket's EVENTS read also schedules their handling (pyzmq, edge-triggered)."""
+        for _ in range(_WAITING_ROUNDS):
+            if not self.sock.get(zmq.EVENTS) & zmq.POLLIN:
+                return
+            await asyncio.sleep(0)
 
     def hello(self, identity: bytes, msg: wire.Hello) -> wire.Engines:
         """A gateway registers; it is told the engines up now."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import zmq
 
 from polar_hpc import wire
-from tests.orchestrator.helpers import next_message, reply, start_orchestrator
+from tests.orchestrator.helpers import HANG_S, Gateway, next_message, reply, start_orchestrator, wait_for
 
 
 def _gateway(ctx, endpoint: str, name: str, slots: int) -> zmq.Socket:
@@ -35,12 +35,16 @@ def _events(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "journal" / "orchestrator.jsonl").read_text().splitlines()]
 
 
-def _wait_done(ctx, endpoint: str, serve, timeout_s: float = 60) -> wire.StatusReply:
+def _wait_done(ctx, endpoint: str, serve=None, timeout_s: float = HANG_S) -> wire.StatusReply:
+    """Status until the run is done; `serve()` (gateways played by this thread) between asks."""
     client = ctx.socket(zmq.DEALER)
     client.connect(endpoint)
     deadline = time.monotonic() + timeout_s
     while True:
-        serve()
+        if serve is not None:
+            serve()
+        else:
+            time.sleep(0.05)
         client.send(wire.encode(wire.StatusRequest()))
         status = next_message(client, wire.StatusReply)
         if status.done:
@@ -116,29 +120,22 @@ time.sleep(600)
 
 def test_a_gateway_killed_mid_batch_has_its_unfinished_sessions_requeued_once(tmp_path: Path, ctx) -> None:
     task = {"id": "t", "instruction": "-", "num_samples": 8, "harness": {"command": "true"}}
-    proc, endpoint = start_orchestrator(tmp_path, "gateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 1.0\n", task)
+    proc, endpoint = start_orchestrator(tmp_path, "gateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 2.0\n", task)
     doomed = subprocess.Popen([sys.executable, "-c", KILLED, endpoint], stdout=subprocess.PIPE, text=True)
+    survivor = None
     try:
         first = json.loads(doomed.stdout.readline())  # its batch of 6; 2 reported done, 1 running
         assert first == [f"t#{i}.0" for i in range(6)]
-        deadline = time.monotonic() + 10
-        while sum(e["event"] == "result" for e in _events(tmp_path)) < 2:  # its Report was taken
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_for(lambda: sum(e["event"] == "result" for e in _events(tmp_path)) >= 2, "its Report was taken")
         os.kill(doomed.pid, signal.SIGKILL)  # mid-batch: 4 of its sessions unfinished
         doomed.wait()
-        survivor = _gateway(ctx, endpoint, "survivor", 3)
-        ran: list[str] = []
-
-        def serve() -> None:
-            survivor.send(wire.encode(wire.Heartbeat(sender="survivor", t=time.time())))
-            while (msg := reply(survivor, wire.Assign, 0.05)) is not None:
-                ids = [s.session_id for s in msg.sessions]
-                ran.extend(ids)
-                survivor.send(wire.encode(wire.Report(items=[*map(_result, ids), wire.Credit(n=len(ids))])))
-
-        status = _wait_done(ctx, endpoint, serve, timeout_s=30)
+        survivor = Gateway(ctx, endpoint, "survivor", 3,  # heartbeats from its own thread, so never lost
+                           serve=lambda ids: [wire.Report(items=[*map(_result, ids), wire.Credit(n=len(ids))])])
+        status = _wait_done(ctx, endpoint)
+        ran = survivor.ran
     finally:
+        if survivor is not None:
+            survivor.stop()
         doomed.kill()
         proc.kill()
         proc.wait()

@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from polar_hpc import wire
-from tests.orchestrator.helpers import next_message, start_orchestrator
+from tests.orchestrator.helpers import Gateway, next_message, start_orchestrator, wait_for
 
 TASK = {"id": "t", "instruction": "hi", "num_samples": 2, "harness": {"command": "true"}}
 
@@ -43,39 +43,31 @@ def test_silent_gateway_sessions_are_requeued_to_another(orchestrator) -> None:
     assert first.attempt == 0 and first.deadline > time.time()
     _next(silent, wire.Heartbeat)  # the orchestrator heartbeats its gateways
 
-    alive = _peer(ctx, endpoint)
-    alive.send(wire.encode(wire.Hello(gateway_id="alive", host="h", slots=4)))
-    alive.send(wire.encode(wire.Credit(n=4)))
-    got = _next(alive, wire.Assign).sessions  # the second sample, at once
-    t_silent = time.monotonic()
-    while len(got) < 2:  # the silent gateway's session, once it is declared lost
-        alive.send(wire.encode(wire.Heartbeat(sender="alive", t=time.time())))
-        try:
-            got += _next(alive, wire.Assign, timeout_s=0.2).sessions
-        except AssertionError:
-            pass
-        assert time.monotonic() - t_silent < 10
-    requeued = got[1]
-    assert (requeued.task["id"], requeued.sample_index, requeued.attempt) == ("t", first.sample_index, 1)
-    assert time.monotonic() - t_silent >= 0.8, "lost only after peer_timeout_s of silence"
-
-    for spec in got:
-        alive.send(wire.encode(wire.Result(session_id=spec.session_id, status="completed", reward=1.0,
-                                           n_calls=1, n_traces=1, n_tokens=10, shard="x")))
+    alive = Gateway(ctx, endpoint, "alive", 4, serve=lambda ids: [  # it heartbeats from a thread of its own
+        wire.Result(session_id=sid, status="completed", reward=1.0, n_calls=1, n_traces=1, n_tokens=10, shard="x")
+        for sid in ids])
     client = _peer(ctx, endpoint)
-    status = None
-    for _ in range(50):
+
+    def status() -> wire.StatusReply:
         client.send(wire.encode(wire.StatusRequest()))
-        status = _next(client, wire.StatusReply)
-        if status.done:
-            break
-        time.sleep(0.05)
-    assert status.done and status.states == {"completed": 2} and status.mean_reward == 1.0 and status.tokens == 20
+        return _next(client, wire.StatusReply)
 
-    journal = [json.loads(x) for x in (run_dir / "journal" / "orchestrator.jsonl").read_text().splitlines()]
-    events = [e["event"] for e in journal]
-    assert "gateway_lost" in events and "requeued" in events and events.count("result") == 2
+    try:
+        wait_for(lambda: len(alive.specs) >= 1, "the second sample, at once")
+        t_silent = time.monotonic()
+        wait_for(lambda: len(alive.specs) >= 2, "the silent gateway's session, once it is declared lost")
+        assert time.monotonic() - t_silent >= 0.8, "lost only after peer_timeout_s of silence"
+        requeued = alive.specs[1]
+        assert (requeued.task["id"], requeued.sample_index, requeued.attempt) == ("t", first.sample_index, 1)
+        wait_for(lambda: status().done, "both results taken")
+        final = status()
+        assert final.states == {"completed": 2} and final.mean_reward == 1.0 and final.tokens == 20
+        journal = [json.loads(x) for x in (run_dir / "journal" / "orchestrator.jsonl").read_text().splitlines()]
+        events = [e["event"] for e in journal]
+        assert "gateway_lost" in events and "requeued" in events and events.count("result") == 2
 
-    client.send(wire.encode(wire.Shutdown(reason="test")))
-    _next(alive, wire.Shutdown)
+        client.send(wire.encode(wire.Shutdown(reason="test")))
+        wait_for(lambda: any(isinstance(m, wire.Shutdown) for m in alive.messages), "the gateway is told to stop")
+    finally:
+        alive.stop()
     assert proc.wait(10) == 0

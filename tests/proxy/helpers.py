@@ -3,6 +3,7 @@
 `FakeGateway` owns a real ZeroMQ ROUTER bound on ipc in a thread: it heartbeats the proxy (unless
 `beating` is cleared), counts its heartbeats, and queues every other message for `expect`.
 `start_proxy` runs `polar-hpc proxy` and returns once its ready file names its URL.
+`wait_gauge` waits until an engine's /metrics gauge (SGLang's names) reads a value.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import zmq
@@ -39,6 +41,22 @@ def wait_ready(proc: subprocess.Popen, ready: Path, timeout: float = 60.0) -> st
             raise TimeoutError(f"{proc.args} not ready after {timeout}s")
         time.sleep(0.02)
     return json.loads(ready.read_text())["url"]
+
+
+def engine_gauges(url: str) -> dict[str, float]:
+    """The gauges of an engine's Prometheus /metrics by their names without the `sglang:` prefix."""
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
+        text = r.read().decode()
+    return {line.split("{")[0].removeprefix("sglang:"): float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("sglang:")}
+
+
+def wait_gauge(url: str, name: str, value: float, timeout: float = 60.0) -> None:
+    """Poll the engine's gauge `name` (e.g. num_running_reqs) until it reads `value`."""
+    deadline = time.monotonic() + timeout
+    while (now := engine_gauges(url).get(name)) != value:
+        assert time.monotonic() < deadline, f"the engine's {name} is {now}, not {value}, after {timeout}s"
+        time.sleep(0.02)
 
 
 def stop(proc: subprocess.Popen) -> None:
