@@ -53,7 +53,7 @@ def engine(tmp_path_factory):
         time.sleep(0.05)
     yield json.loads(ready.read_text())["url"], log
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=10) == 0
+    assert proc.wait(timeout=60) == 0
 
 
 def call(url: str, path: str, body: object | None = None, raw: bytes | None = None):

@@ -58,8 +58,30 @@ def live(tmp_path_factory) -> Iterator[Path]:
     run_dir = tmp / "run"
     args = ["run", _tasks(tmp, slow=True), "-c", topo, "--run-dir", run_dir]
     with background(args, run_dir, lambda d: _ended(d) == 4, "the quick sessions never ended", timeout=300):
-        time.sleep(2.0)  # their shards sealed (0.5 s) and a few snapshot periods
+        deadline = time.monotonic() + 120
+        while not _settled(run_dir):
+            assert time.monotonic() < deadline, "the ended sessions' shards and metrics never caught up"
+            time.sleep(0.2)
         yield run_dir
+
+
+def _settled(run_dir: Path) -> bool:
+    """The four ended sessions sealed in shards, counted by the processes' metrics, and in a line of
+    the metrics log after at least one other."""
+    if len(list(iter_trajectories(run_dir))) != 4:
+        return False
+    samples = scrape(run_dir)
+    reader = RunReader(run_dir)
+    reader.poll()
+    calls = reader.overview()["calls"]
+    if total(samples, "polar_gateway_sessions_ended_total") != 4 or total(samples, "polar_proxy_calls_total") != calls:
+        return False
+    log = run_dir / "metrics.jsonl"
+    ours = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    ours = [line for line in ours if line.get("source") == "orchestrator"]
+    proxies = [v for k, v in ours[-1]["processes"].items() if k.endswith("proxy")] if ours else []
+    return (len(ours) >= 2 and ours[-1]["run"]["states"].get("completed") == 3
+            and [p.get("polar_proxy_call_seconds_count") for p in proxies] == [calls])
 
 
 def _rendezvous(run_dir: Path) -> dict:
@@ -182,7 +204,7 @@ def test_hostile_snapshots_are_dropped(live: Path) -> None:
     gateway.send(_snapshot("fake-gateway", [good]))  # a well-formed one from a gateway key is kept
     def processes() -> set[str]:
         return {dict(labels).get("process", "") for _, labels in scrape(live)}
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "fake-gateway" not in processes():
         time.sleep(0.2)
     names = processes()

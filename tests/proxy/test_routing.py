@@ -31,7 +31,7 @@ def test_least_loaded_for_new_sessions_then_sticky(short_tmp, gateway):
 
         thread = threading.Thread(target=slow_call)
         thread.start()
-        assert streaming.wait(20)  # a's call is in flight on its engine
+        assert streaming.wait(60)  # a's call is in flight on its engine
         clients["b"].chat.completions.create(model=MODEL, messages=HI, max_tokens=2)
         thread.join()
         records = {}

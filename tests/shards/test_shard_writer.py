@@ -38,16 +38,16 @@ def test_rollover_by_size(tmp_path, make_traj):
 
 
 def test_rollover_by_age(tmp_path, make_traj):
-    w = ShardWriter(tmp_path, "gw", max_bytes=1 << 30, max_age_s=0.5)
+    """A shard is sealed once it is max_age_s old; the age is set, not slept, so load cannot race it."""
+    w = ShardWriter(tmp_path, "gw", max_bytes=1 << 30, max_age_s=3600)
     assert w.append(make_traj("t", 0)) == "gw-000001.shard"
     w.maybe_roll()
-    assert listing(tmp_path) == [".gw-000001.shard.tmp"]
-    time.sleep(0.6)
+    assert listing(tmp_path) == [".gw-000001.shard.tmp"]  # younger than max_age_s
+    w.max_age_s = 0  # from now on, every shard is old enough
     w.maybe_roll()
     w.wait()
     assert listing(tmp_path) == ["gw-000001.shard"]
     assert w.append(make_traj("t", 1)) == "gw-000002.shard"
-    time.sleep(0.6)
     assert w.append(make_traj("t", 2)) == "gw-000003.shard"  # the append itself rolled the old one
     w.wait()
     assert "gw-000002.shard" in listing(tmp_path)
