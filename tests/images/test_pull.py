@@ -38,6 +38,12 @@ def _wait_for(check, timeout_s: float = 60) -> None:
         time.sleep(0.02)
 
 
+def _waits_for_a_lock(pid: int) -> bool:
+    """The kernel lists `pid` as blocked on a file lock (a `->` line of /proc/locks)."""
+    return any(fields[1:2] == ["->"] and str(pid) in fields
+               for fields in map(str.split, Path("/proc/locks").read_text().splitlines()))
+
+
 def test_pull_resumes_waits_reuses_and_the_run_uses_the_image(tmp_path: Path, registry: Registry, image: Image) -> None:
     suite = harbor_task(tmp_path / "suite" / "in-image", image.reference, image.marker).parent
     cache = tmp_path / "cache"
@@ -55,7 +61,7 @@ def test_pull_resumes_waits_reuses_and_the_run_uses_the_image(tmp_path: Path, re
     os.killpg(first.pid, signal.SIGSTOP)  # the pull and its umoci: nothing can publish meanwhile
     assert not list(cache.glob("sha256-*.rootfs"))
     second = _pull(suite, cache)
-    time.sleep(3)
+    _wait_for(lambda: _waits_for_a_lock(second.pid) or second.poll() is not None)
     assert second.poll() is None, "the second pull waits for the first"
     os.killpg(first.pid, signal.SIGCONT)
     out1, err1 = first.communicate(timeout=120)

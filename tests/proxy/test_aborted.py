@@ -40,12 +40,19 @@ def proxy(request, short_tmp, gateway, slow_engine):
     stop(p.proc)
 
 
-async def _call(url: str, token: str, api: str, stream: bool) -> tuple[int, dict, bytes]:
+async def _call(url: str, token: str, api: str, stream: bool,
+                answered: asyncio.Event | None = None) -> tuple[int, dict, bytes]:
+    """Status, headers and body of one call; `answered` is set when the first bytes of the body come."""
     path, body = BODIES[api]
     headers = {"Authorization": f"Bearer {token}", "x-api-key": token}
     async with aiohttp.ClientSession() as http:
         async with http.post(url + path, json={**body, "stream": stream}, headers=headers) as r:
-            return r.status, dict(r.headers), await r.read()
+            chunks = []
+            async for chunk in r.content.iter_any():
+                if answered is not None:
+                    answered.set()
+                chunks.append(chunk)
+            return r.status, dict(r.headers), b"".join(chunks)
 
 
 def _begun(log: Path) -> int:
@@ -54,17 +61,18 @@ def _begun(log: Path) -> int:
 
 async def _abort_mid_call(proxy, engine: tuple[str, Path], token: str, api: str, stream: bool) -> tuple[int, dict, bytes]:
     engine, log = engine
-    begun = _begun(log)
-    call = asyncio.create_task(_call(proxy.url, token, api, stream))
+    begun, streamed = _begun(log), asyncio.Event()
+    call = asyncio.create_task(_call(proxy.url, token, api, stream, streamed))
     while _begun(log) == begun:  # the sample log gets a line as a generation begins
         assert not call.done()
         await asyncio.sleep(0.02)
-    await asyncio.sleep(0.3)  # a few tokens decoded (of 200 x 30 ms)
+    if stream and proxy.mode == "tito":  # the stream began: tokens were decoded (of 200 x 30 ms)
+        await asyncio.wait_for(streamed.wait(), 60)
     assert not call.done()
     async with aiohttp.ClientSession() as http:
         async with http.post(engine + "/pause_generation", json={"mode": "abort"}) as r:
             assert r.status == 200
-        answer = await asyncio.wait_for(call, 10)
+        answer = await asyncio.wait_for(call, 60)
         async with http.post(engine + "/continue_generation", json={}) as r:
             assert r.status == 200
     return answer
