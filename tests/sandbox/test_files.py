@@ -39,7 +39,7 @@ def test_read_refuses_links_fifos_and_escapes(ws: Path) -> None:
         t0 = time.monotonic()
         with pytest.raises(files.FileError, match=re.escape(expected)):
             files.read(ws, rel, 4096)
-        assert time.monotonic() - t0 < 1, f"{rel}: must not block"
+        assert time.monotonic() - t0 < 30, f"{rel}: must not block (a hang, not a slow machine)"
 
 
 def test_read_is_bounded_on_a_huge_file(ws: Path) -> None:
@@ -47,7 +47,7 @@ def test_read_is_bounded_on_a_huge_file(ws: Path) -> None:
         f.truncate(50 << 30)  # 50 GiB, sparse
     t0 = time.monotonic()
     assert len(files.read(ws, "huge", 4096)) == 4097
-    assert time.monotonic() - t0 < 1
+    assert time.monotonic() - t0 < 30  # reading all 50 GiB would take minutes
 
 
 def test_write_never_follows_a_link_or_waits_on_a_fifo(ws: Path) -> None:

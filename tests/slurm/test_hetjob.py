@@ -164,7 +164,7 @@ def test_cancel_stops_the_job_cleanly(slurm, tmp_path: Path, calculator_dir: Pat
     started = time.monotonic()
     again = _polar(slurm, "cancel", job_id)  # a job that has ended: said at once, not after 60 s
     assert again.returncode == 0 and f"job {job_id} has already ended (FAILED" in again.stdout, again
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 45  # not after asking an orchestrator for 60 s
 
 
 def test_failing_engine_step_is_restarted_then_the_job_stops(slurm, tmp_path: Path, calculator_dir: Path) -> None:

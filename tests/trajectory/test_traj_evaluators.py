@@ -89,7 +89,7 @@ def test_reward_file_is_never_followed_waited_on_or_read_whole(sandbox, tmp_path
         out = run(RewardFileEvaluator(kind="reward_file", path=path), sandbox)
         assert out.reward is None and expected in out.detail, out.detail
         assert "0.125" not in out.detail
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 30  # a FIFO read would block for ever
 
 
 def _answering_through_a_tool(record, arguments, text=None):
