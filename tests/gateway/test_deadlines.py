@@ -9,8 +9,11 @@ from conftest import polar
 from e2e.helpers import trajectories, write_jsonl
 
 
+TIMEOUT_S = 6  # long enough that a busy machine runs "true" in it, far below the 60 s sleeps
+
+
 def _task(task_id: str, command: str = "true", **extra) -> dict:
-    return {"id": task_id, "instruction": "-", "timeout_s": 3, "harness": {"command": command}, **extra}
+    return {"id": task_id, "instruction": "-", "timeout_s": TIMEOUT_S, "harness": {"command": command}, **extra}
 
 
 def _run(tmp_path: Path, tasks: list[dict], topology: str) -> dict:
@@ -33,22 +36,22 @@ def test_deadline_fires_in_init_run_and_postrun(tmp_path: Path) -> None:
     by_id = _run(tmp_path, tasks, "sandbox:\n  backend: none\n")  # `once` is shared only without isolation
     for task_id, t in by_id.items():
         assert t.status == "timeout", (task_id, t.metadata)
-        assert t.t_end - t.t_start < 15, (task_id, t.t_end - t.t_start)
+        assert t.t_end - t.t_start < 45, (task_id, t.t_end - t.t_start)  # its deadline, not its 60 s sleep
     init, run, postrun = by_id["init"], by_id["run"], by_id["postrun"]
-    assert set(init.metadata["timings"]) == {"init_s", "postrun_s"} and init.metadata["timings"]["init_s"] >= 2.5
-    assert run.metadata["timings"]["run_s"] >= 2.5
-    assert postrun.metadata["timings"]["run_s"] < 2.5 and postrun.reward is None
+    assert set(init.metadata["timings"]) == {"init_s", "postrun_s"} and init.metadata["timings"]["init_s"] >= TIMEOUT_S - 0.5
+    assert run.metadata["timings"]["run_s"] >= TIMEOUT_S - 0.5
+    assert postrun.metadata["timings"]["run_s"] < TIMEOUT_S - 0.5 and postrun.reward is None
     assert postrun.metadata["error"].startswith("evaluation not finished by the session's deadline")
 
 
 def test_deadline_fires_while_waiting_in_ready(tmp_path: Path) -> None:
-    tasks = [_task("hog", "sleep 8", timeout_s=30), _task("waiter", sandbox={"prepare": ["sleep 1"]})]
+    tasks = [_task("hog", "sleep 20", timeout_s=60), _task("waiter", sandbox={"prepare": ["sleep 1"]})]
     by_id = _run(tmp_path, tasks, "sandbox:\n  backend: none\ngateway:\n  pools:\n    run: 1\n    ready: 1\n")
     assert by_id["hog"].status == "completed"
     waiter = by_id["waiter"]
     assert waiter.status == "timeout", waiter.metadata
     assert set(waiter.metadata["timings"]) == {"init_s", "ready_s", "postrun_s"}, waiter.metadata["timings"]
-    assert waiter.t_end - waiter.t_start < 8, "it must not wait for the RUN slot past its deadline"
+    assert waiter.t_end < by_id["hog"].t_end, "it must not wait for the RUN slot past its deadline"
 
 
 def test_launch_failure_ends_at_once_and_a_huge_instruction_still_arrives(tmp_path: Path) -> None:

@@ -86,10 +86,10 @@ def test_sigterm_stops_the_gateway_during_a_long_copy(tmp_path: Path) -> None:
         [gateway] = [p for p in live_processes_matching(str(run_dir)) if " gateway --run-dir" in _cmdline(p)]
         os.kill(gateway, signal.SIGTERM)
         t0 = time.monotonic()
-        while gateway in live_processes_matching(str(run_dir)) and time.monotonic() - t0 < 20:
+        while gateway in live_processes_matching(str(run_dir)) and time.monotonic() - t0 < 60:
             time.sleep(0.05)
         stopped = time.monotonic() - t0
-        assert stopped < 10, f"the gateway took {stopped:.1f}s to honour SIGTERM"
+        assert stopped < 30, f"the gateway took {stopped:.1f}s to honour SIGTERM (Slurm's default KillWait)"
         assert not list(node.glob("polar-local0-*/*/work")), "the session's files are removed"
         out, _ = proc.communicate(timeout=60)
         assert "Traceback" not in out, out

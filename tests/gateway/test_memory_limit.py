@@ -23,7 +23,7 @@ def _assign(orch: _Orchestrator, task_id: str, command: str, memory_mb: int | No
                                                      sample_index=0, attempt=0, deadline=time.time() + 60)]))
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_a_session_over_its_memory_limit_ends_error_and_only_it(orchestrator: _Orchestrator) -> None:  # noqa: F811
     gateway = orchestrator.start_gateway()
     _assign(orchestrator, "hog", HOG, 64)

@@ -147,7 +147,7 @@ def test_preemption_signal_requeues_and_resumes(slurm, tmp_path: Path, calculato
     assert f"got signal {int(signal.SIGUSR2)}" in driver_log and "restart 1" in driver_log, driver_log
 
 
-@pytest.mark.timeout(240)  # 40 sessions, then status and a second cancel
+@pytest.mark.timeout(300)  # 40 sessions, then status and a second cancel
 def test_cancel_stops_the_job_cleanly(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 40), token_delay_ms=30)
     wait_for("a first result", lambda: results(run_dir), 120, 0.2)
@@ -221,7 +221,7 @@ def test_killed_driver_is_told_and_resumed(slurm, tmp_path: Path, calculator_dir
     assert done.returncode == 2 and "nothing to resume: all 8 sessions of the run have ended" in done.stderr
 
 
-@pytest.mark.timeout(240)  # a job, then four status calls
+@pytest.mark.timeout(300)  # a job, then four status calls
 def test_a_job_submitted_by_hand_is_found(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     """`polar-hpc sbatch` + sbatch: the driver records the job, so `status JOBID` and `status RUN` find it."""
     run_dir = tmp_path / "run"
