@@ -32,7 +32,7 @@ _TASKS_HELP = ("Tasks: YAML (one or a list) or JSONL of ours, a Harbor task fold
 def _guard(fn, failures: tuple[type[Exception], ...] = ()):
     """Run fn(); bad input (ConfigError) becomes a one-line error and exit code 2, and `failures`
     (what went wrong at run time: a child that died, a missing tool) an error and exit code 1."""
-    from polar_hpc.config import ConfigError
+    from polar_hpc.errors import ConfigError
 
     try:
         return fn()

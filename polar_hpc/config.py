@@ -7,12 +7,14 @@ inside it (no absolute path elsewhere, no `..`, no symbolic link). Text that rea
 or an environment (instruction, commands, env values) may not hold a NUL byte, env names must be
 valid. Files are read within bounds (polar_hpc.config_files); numbers are finite and bounded
 (MAX_SAMPLES, MAX_TIMEOUT_S, MAX_SESSIONS per file); task ids are `TASK_ID` without `..`, safe in
-paths and session ids.
+paths and session ids. `task_file_sessions(path)` is the one count of the sessions a run's task file
+asks for (a task without num_samples: DEFAULT_SAMPLES).
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import re
 import stat
 from collections import Counter
@@ -26,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from polar_hpc.config_files import MAX_DEPTH, MAX_JSONL_BYTES, ConfigError, nesting, read_json_line, read_text, read_yaml
 
 MAX_SAMPLES = 10_000  # num_samples of one task
+DEFAULT_SAMPLES = 1  # num_samples of a task that names none
 MAX_SESSIONS = 1_000_000  # sessions (tasks x num_samples) of one task file
 MAX_TIMEOUT_S = 7 * 86400.0  # a session's timeout_s
 SCRIPTED_CONTEXT = 65536  # the scripted engine's context: harnesses' own prompts (~31k) + 16k replies
@@ -266,7 +269,7 @@ class TaskSolution(_Model):
 class Task(_Model):
     id: str
     instruction: _Text
-    num_samples: int = Field(1, ge=1, le=MAX_SAMPLES)
+    num_samples: int = Field(DEFAULT_SAMPLES, ge=1, le=MAX_SAMPLES)
     timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
     harness: HarnessSpec
     sandbox: TaskSandbox = Field(default_factory=lambda: _DEFAULT_SANDBOX)  # shared, not copied per task
@@ -290,6 +293,23 @@ class Task(_Model):
         if value and nesting(value) > MAX_DEPTH:
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
         return value
+
+
+def task_file_sessions(path: Path) -> int:
+    """Sessions a run's task file (`<run>/tasks.jsonl`, one validated task per line, written by
+    `prepare`) asks for: the sum of its num_samples; 0 when it is missing. A line that is not a task
+    object (a crash cut it short) counts nothing."""
+    n = 0
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    n += int(json.loads(line).get("num_samples", DEFAULT_SAMPLES)) if line.strip() else 0
+                except (ValueError, AttributeError, TypeError):
+                    continue
+    except FileNotFoundError:
+        return 0
+    return n
 
 
 def duplicate_ids(ids: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""The import order is strictly downward (DESIGN.md, code layout): every `import` and `from ...
+"""The import order is strictly downward (docs/design.md, code layout): every `import` and `from ...
 import` in polar_hpc, at module level or inside a function, relative or absolute, names only a
 room (a top-level module or package of polar_hpc) in its own layer or below, and no rooms import
 each other round in a cycle. A room no layer names fails too: a new room is placed on purpose.
@@ -15,7 +15,7 @@ import polar_hpc
 
 # bottom to top; a room imports only from its own layer and the layers before it
 # (suites: task suites as data, from config; observe: a run's view, read from its shards and shown
-# by launch and the CLI. DESIGN.md does not name them; they sit where their imports put them.)
+# by launch and the CLI; they sit where their imports put them.)
 LAYERS = [
     {"polar_hpc", "errors", "wire", "metrics", "config", "config_files", "security", "procs", "assets"},
     {"shards", "trajectory", "sandbox", "engines", "suites"},

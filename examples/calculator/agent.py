@@ -12,7 +12,7 @@ import os
 try:
     from openai import OpenAI
 except ImportError:  # a plain `pip install polar-hpc`: the session fails with this in its log
-    raise SystemExit("the calculator example needs the openai package: pip install 'polar-hpc[examples]'")
+    raise SystemExit("the calculator example needs the openai package: pip install 'polar-hpc[examples]'") from None
 
 TOOLS = [
     {

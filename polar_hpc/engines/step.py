@@ -2,7 +2,8 @@
 
 It starts the node's engine servers (SGLang, vLLM: one per `tp_size` GPUs of the node, server i on
 port `engine.port + i` with its own slice of CUDA_VISIBLE_DEVICES (`split_devices`), vLLM's cache in
-`<run>/cache/engine-NODE-i`; scripted: one, on the CPU; `engines.kinds` says how each kind starts),
+`<run>/cache/engine-NODE-i`; scripted: one, on the CPU, with the command line `polar-hpc run` gives
+it (engines.command); `engines.kinds` says how each kind starts),
 waits until each answers GET /health, registers each URL and weight version with the orchestrator
 found through `<run>/rendezvous.json` (EngineHello, over CURVE with the run's engine key), heartbeats,
 and on Shutdown from the orchestrator or SIGTERM/SIGINT deregisters (EngineBye) and stops the
@@ -28,7 +29,7 @@ import zmq
 
 from polar_hpc import procs, security, wire
 from polar_hpc.config import Topology, load_topology
-from polar_hpc.engines import kinds
+from polar_hpc.engines import command, kinds
 
 STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL to what is left of a server's process group
 
@@ -80,11 +81,7 @@ def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str, base
     engine, logs, launch = topology.engine, run_dir / "logs", kinds.get(kind).launch
     if launch is None:  # the scripted engine: one CPU server
         port = _free_port()
-        args = ["engine", "--kind", "scripted", "--host", "0.0.0.0", "--port", str(port)]
-        args += ["--model-name", engine.model, "--weight-version", engine.weight_version]
-        args += ["--token-delay-ms", str(engine.token_delay_ms)]
-        if engine.script:
-            args += ["--script", engine.script]
+        args = command.scripted(engine, run_dir, port=port, host="0.0.0.0", node=node)
         servers.append((procs.spawn(f"engine-{node}", args, logs / f"engine-{node}.log", base_env), port))
         return
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -51,7 +51,10 @@ log = logging.getLogger("polar_hpc.gateway")
 
 
 class ProxyLink(Protocol):
-    """What the pipeline needs of its proxy: open a session, close it and collect its records."""
+    """What the pipeline needs of its proxy: open a session, close it and collect its records.
+
+    The proxy link (one per gateway, over ipc) has two ends: `ProxyLinkRouter` (gateway.server, this
+    protocol over the gateway's ROUTER) and `ProxyLinkDealer` (proxy.gateway_link, the proxy's)."""
 
     url: str
     socket: Path | None = None  # the proxy's HTTP on a Unix socket, for sandboxes without network

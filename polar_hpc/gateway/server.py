@@ -84,7 +84,7 @@ class Outbox:
 _REPORTED = (wire.Credit, wire.SessionUpdate, wire.Result)
 
 
-class ProxyChannel(ProxyLink):
+class ProxyLinkRouter(ProxyLink):
     """The gateway's end of the proxy link (ROUTER over ipc)."""
 
     def __init__(self, sock: zmq.asyncio.Socket, http_socket: Path) -> None:
@@ -186,7 +186,7 @@ class _Gateway:
         proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
         proxy_sock.bind(proxy_endpoint)
         log.info("proxy link at %s", proxy_endpoint)
-        self.proxy = ProxyChannel(proxy_sock, tmp_root / "proxy-http.sock")
+        self.proxy = ProxyLinkRouter(proxy_sock, tmp_root / "proxy-http.sock")
         self.orch = self.ctx.socket(zmq.DEALER)
         security.secure_client(self.orch, opts.run_dir, security.GATEWAY)
         self.orch.connect(opts.orchestrator)

@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from polar_hpc import procs, security, wire
 from polar_hpc.config import Topology
+from polar_hpc.engines import command as engine_command
 from polar_hpc.engines import kinds
 from polar_hpc.launch.rundir import prepare
 from polar_hpc.launch.summary import print_summary
@@ -73,15 +74,8 @@ def run_local(spec: LocalRun, console: Console) -> int:
 
 
 def _start_engine(run_dir: Path, topology: Topology, children: list) -> str:
-    engine = topology.engine
     ready = run_dir / ".engine.ready"
-    args = ["engine", "--kind", "scripted", "--port", "0", "--ready-file", str(ready)]
-    args += ["--model-name", engine.model, "--weight-version", engine.weight_version]
-    args += ["--token-delay-ms", str(engine.token_delay_ms), "--context-length", str(engine.context_length)]
-    if engine.script:
-        args += ["--script", str(Path(engine.script).resolve())]
-    if engine.sample_log:
-        args += ["--sample-log", str(run_dir / "logs" / "engine-samples.jsonl")]
+    args = engine_command.scripted(topology.engine, run_dir, port=0, ready_file=ready)
     children.append(procs.spawn("engine", args, run_dir / "logs" / "engine-local.log", security.engine_env(run_dir)))
     return procs.wait_ready(children[-1], ready)["url"]
 

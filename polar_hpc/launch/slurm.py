@@ -4,13 +4,12 @@ Component 0 = `slurm.gpu` nodes (engine steps), component 1 = `slurm.cpu` nodes 
 the driver (`launch/driver.py`) runs in component 0's batch step. `HetSlurmExecutor` is a
 submitit `SlurmExecutor` that writes the `#SBATCH hetjob` block after component 0's options and
 `exec`s the driver so the batch shell *is* the driver (the `B:USR2@signal_s` signal reaches it);
-`HetSlurmJob` maps sacct's `ID+0` row to `ID` (stock submitit would read a hetjob's state as
-UNKNOWN forever). `render_sbatch` gives the same job as a plain sbatch script (slurm/ template)
+of the job submitit returns only its id is used. `render_sbatch` gives the same job as a plain sbatch script (slurm/ template)
 for teams that submit by hand. `submit` prepares the run directory (0700) with per-run CURVE keys,
 submits, records `<run>/job.json` and an index entry so `status JOBID` finds the run. `resume`
 submits a new job for a run whose job has ended before its sessions did (refused while a job of
 the run is still queued or running); it continues from the journal. `job_state` is Slurm's word
-on a job: squeue while it is queued, else sacct (state, exit code).
+on a job: squeue while it is queued, else sacct (state, exit code; a hetjob's is its `ID+0` row's).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import jinja2
 from submitit.core.utils import FailedJobError
-from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
+from submitit.slurm.slurm import SlurmExecutor
 
 from polar_hpc import assets, security
 from polar_hpc.config import ConfigError, SlurmComponent, SlurmConfig, Topology, load_topology
@@ -36,23 +35,7 @@ ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONF
           "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED")  # the job may still run
 
 
-class HetInfoWatcher(SlurmInfoWatcher):
-    """sacct lists a hetjob as `ID+0`, `ID+1`: the job's state is its leader's."""
-
-    def read_info(self, string: bytes | str) -> dict:
-        info = super().read_info(string)
-        for job_id in [k for k in info if k.endswith("+0")]:
-            info.setdefault(job_id[:-2], info[job_id])
-        return info
-
-
-class HetSlurmJob(SlurmJob):
-    watcher = HetInfoWatcher(delay_s=60)
-
-
 class HetSlurmExecutor(SlurmExecutor):
-    job_class = HetSlurmJob
-
     def __init__(self, folder: Path, later_components: list[dict]) -> None:
         super().__init__(folder=folder)
         self.later_components = later_components

@@ -31,7 +31,8 @@ from polar_hpc.observe.figures import Kinds, Series, Stat, kind_of
 from polar_hpc.observe.livelog import LiveLog
 from polar_hpc.observe.tail import Tail
 from polar_hpc.shards import index
-from polar_hpc.shards.decisions import ACCEPT, STRAY, Decisions
+from polar_hpc.config import task_file_sessions
+from polar_hpc.shards.decisions import ACCEPT, STRAY, Decisions, FirstResults
 from polar_hpc.shards.reader import read_shard
 from polar_hpc.trajectory.model import Trajectory
 
@@ -57,7 +58,7 @@ class RunReader:
         self.in_stage: Counter[str] = Counter()
         self._total = 0  # sessions the run asks for, as of the last poll
         self.results: Counter[str] = Counter()
-        self._counted: set[tuple[str, int]] = set()
+        self._counted: FirstResults[str] = FirstResults()  # key -> the status of its result
         self._samples = (0.0, 0)  # (mtime, sessions) of tasks.jsonl
         self.result_times: deque[float] = deque(maxlen=100_000)
         self.first_t: float | None = None
@@ -121,10 +122,8 @@ class RunReader:
             self.in_stage[stage] += 1
         elif kind == "result":
             self._leave(str(session))
-            key = (str(event["task"]), int(event["sample"]))
-            if key not in self._counted:  # a key's first result counts
-                self._counted.add(key)
-                status = str(event.get("status", "?"))
+            status = str(event.get("status", "?"))
+            if self._counted.offer((str(event["task"]), int(event["sample"])), status):
                 self.results[status] += 1
                 self.result_times.append(t)
                 self.series.add(t, ended=1, completed=int(status == "completed"))
@@ -249,14 +248,7 @@ class RunReader:
         except OSError:
             return 0
         if self._samples[0] != mtime:
-            n = 0
-            with open(path, "rb") as f:
-                for line in f:
-                    try:
-                        n += int(json.loads(line).get("num_samples", 1)) if line.strip() else 0
-                    except (ValueError, AttributeError, TypeError):
-                        continue
-            self._samples = (mtime, n)
+            self._samples = (mtime, task_file_sessions(path))
         return self._samples[1]
 
     def driver(self) -> dict[str, Any] | None:

@@ -17,15 +17,12 @@ from tokenizers import Tokenizer
 
 from polar_hpc.trajectory.model import Trajectory
 
-_ENGINES = Path(__file__).resolve().parents[1] / "engines"
+_SCRIPTED = Path(__file__).resolve().parents[1] / "engines" / "scripted" / "assets"
 
 
 def scripted_tokenizer() -> Path | None:
-    """The scripted engine's tokenizer folder, wherever this checkout keeps its assets."""
-    for folder in (_ENGINES / "scripted" / "assets" / "scripted", _ENGINES / "assets" / "scripted"):
-        if (folder / "tokenizer.json").is_file():
-            return folder
-    return None
+    """The scripted engine's tokenizer folder (None in an install without it)."""
+    return _SCRIPTED if (_SCRIPTED / "tokenizer.json").is_file() else None
 
 
 def run_tokenizer(run_dir: Path) -> Path | None:

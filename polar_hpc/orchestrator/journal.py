@@ -37,6 +37,8 @@ from typing import Any
 
 import msgspec
 
+from polar_hpc.config import task_file_sessions
+from polar_hpc.shards.decisions import FirstResults
 from polar_hpc.shards.reader import read_shard, shard_files
 from polar_hpc.shards.writer import ShardWriter
 
@@ -83,7 +85,7 @@ def replay(run_dir: Path) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, 
     """What an earlier life of the run left: the `result` event of each finished (task, sample),
     adopted ones included (journaled here), and the highest attempt number seen for every key.
     Empty when the run is new."""
-    results: dict[tuple[str, int], dict] = {}
+    results: FirstResults[dict] = FirstResults()
     attempts: dict[tuple[str, int], int] = {}
     assigned: set[str] = set()
     dead: set[str] = set()
@@ -94,7 +96,7 @@ def replay(run_dir: Path) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, 
         attempts[key[:2]] = max(attempts.get(key[:2], -1), key[2])
         kind = event.get("event")
         if kind == "result":
-            results.setdefault(key[:2], event)
+            results.offer(key[:2], event)
         elif kind == "assigned":
             assigned.add(event["session"])
         elif kind == "requeued":
@@ -144,25 +146,18 @@ class Progress:
 
 def progress(run_dir: Path) -> Progress:
     keys: set[tuple[str, int]] = set()
-    done: dict[tuple[str, int], str] = {}
+    done: FirstResults[str] = FirstResults()
     p = Progress()
     for event in _events(run_dir):
         key = _key(event.get("session", ""))
         if key is not None:
             keys.add(key[:2])
             if event.get("event") == "result":
-                done.setdefault(key[:2], event.get("status", "?"))
+                done.offer(key[:2], event.get("status", "?"))
         elif event.get("event") == "shutdown":
             p.shutdown = event
-    p.total, p.ended = max(len(keys), _samples(run_dir)), Counter(done.values())
+    p.total, p.ended = max(len(keys), task_file_sessions(run_dir / "tasks.jsonl")), Counter(done.values())
     return p
-
-
-def _samples(run_dir: Path) -> int:
-    """Sessions the task file asks for (written by `prepare`, one validated task per line)."""
-    path = run_dir / "tasks.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return sum(json.loads(x).get("num_samples", 1) for x in lines if x.strip())
 
 
 def service_events(run_dir: Path) -> tuple[list[dict], bool]:

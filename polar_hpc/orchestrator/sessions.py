@@ -5,6 +5,8 @@ lost goes back to the front of the queue with its attempt number raised. In serv
 added while the run goes (`add`) and queued sessions can be cancelled (`cancel_queued`). Pure bookkeeping: no I/O.
 Every change of state goes through the table, which keeps the counts `status` answers with (sessions
 by state, rewards, tokens) as it goes, so a status costs the same for ten sessions or a million.
+A key's result is the first its live attempt sends (`results`, shards.decisions.FirstResults): a
+session in a final state takes no other, and an attempt requeued since is no longer in the table.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from polar_hpc import wire
 from polar_hpc.config import Task
+from polar_hpc.shards.decisions import FirstResults
 
 FINAL = ("completed", "error", "timeout", "cancelled")
 
@@ -27,7 +30,6 @@ class Session:
     attempt: int = 0
     state: str = "queued"
     gateway: bytes | None = None
-    result: wire.Result | None = None
     session_id: str = field(init=False)  # `<task>#<sample>.<attempt>`, made once
 
     def __post_init__(self) -> None:
@@ -40,6 +42,7 @@ class SessionTable:
     queue: deque = field(default_factory=deque)
     _dumped: dict[str, Any] = field(default_factory=dict)  # task id -> the task, encoded once (wire.raw)
     states: Counter = field(default_factory=Counter)  # state -> sessions in it
+    results: FirstResults[wire.Result] = field(default_factory=FirstResults)  # (task, sample) -> the result that counts
     _rewards: list[float] = field(default_factory=lambda: [0.0, 0])  # sum and count of the rewards
     _tokens: int = 0
 
@@ -55,10 +58,11 @@ class SessionTable:
                 s = Session(task, i, attempts[key] + 1 if key in attempts else 0)
                 if key in done:
                     s = Session(task, i, done[key]["attempt"], done[key]["status"])
-                    table._ended(s, wire.Result(
+                    table.results[key] = result = wire.Result(
                         session_id=s.session_id, status=s.state, reward=done[key].get("reward"), n_calls=0,
                         n_traces=0, n_tokens=done[key].get("n_tokens", 0), shard=done[key].get("shard", ""),
-                    ))
+                    )
+                    table._count(result)
                 else:
                     table.queue.append(s)
                 table.sessions[s.session_id] = s
@@ -106,11 +110,11 @@ class SessionTable:
         return s
 
     def finish(self, result: wire.Result) -> Session | None:
-        s = self.sessions.get(result.session_id)
-        if s is None or s.state in FINAL:
+        s = self.sessions.get(result.session_id)  # an attempt requeued since is gone: its result is too late
+        if s is None or s.state in FINAL or not self.results.offer((s.task.id, s.sample_index), result):
             return None
         self._move(s, result.status)
-        self._ended(s, result)
+        self._count(result)
         return s
 
     def requeue(self, session_id: str) -> Session:
@@ -144,8 +148,7 @@ class SessionTable:
         self.states[state] += 1
         s.state = state
 
-    def _ended(self, s: Session, result: wire.Result) -> None:
-        s.result = result
+    def _count(self, result: wire.Result) -> None:
         self._tokens += result.n_tokens
         if result.reward is not None:
             self._rewards[0] += result.reward

@@ -1,6 +1,7 @@
-"""The proxy's end of its link to the gateway: a ZeroMQ DEALER.
+"""The proxy's end of the proxy link to its gateway: a ZeroMQ DEALER (the gateway's end is
+gateway.server's `ProxyLinkRouter`).
 
-`GatewayLink(ctx, endpoint, peer_timeout_s)` connects to the gateway's ROUTER, under the routing id
+`ProxyLinkDealer(ctx, endpoint, peer_timeout_s)` connects to the gateway's ROUTER, under the routing id
 the gateway gave it in `security.PROXY_LINK_ENV` (the gateway takes messages from that id only). `send(message)`
 sends a wire message at once, without waiting: the send queue is unbounded, so messages leave in
 the order `send` was called (every record of a session before its SessionClosed). `recv()` returns
@@ -27,7 +28,7 @@ log = logging.getLogger("polar_hpc.proxy")
 _GATEWAY = "gateway"
 
 
-class GatewayLink:
+class ProxyLinkDealer:
     """The DEALER to the gateway; messages leave in the order `send` was called."""
 
     def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, peer_timeout_s: float) -> None:

@@ -69,7 +69,7 @@ from polar_hpc.proxy import aborted, anthropic, openai_responses
 from polar_hpc.proxy import openai_chat as oc
 from polar_hpc.proxy.calls import BIG, BadRequest, ToolCall, assistant_message, offload, release_memory
 from polar_hpc.proxy.engine_client import EngineError
-from polar_hpc.proxy.gateway_link import GatewayLink
+from polar_hpc.proxy.gateway_link import ProxyLinkDealer
 from polar_hpc.proxy.passthrough import Passthrough
 from polar_hpc.proxy.routing import NO_ENGINE, Router
 from polar_hpc.proxy.tito import Renderer, Tito
@@ -140,7 +140,7 @@ class _Session:
 
 
 class _Proxy:
-    def __init__(self, opts: ProxyOptions, router: Router, mode, link: GatewayLink) -> None:
+    def __init__(self, opts: ProxyOptions, router: Router, mode, link: ProxyLinkDealer) -> None:
         self.opts = opts
         self.router = router
         self.mode = mode
@@ -408,7 +408,7 @@ async def _run(opts: ProxyOptions) -> None:
     warming = asyncio.create_task(mode.warm())
     await asyncio.wait([warming], timeout=WARM_S)  # before the gateway hears of the proxy
     ctx = zmq.asyncio.Context()
-    link = GatewayLink(ctx, opts.gateway, opts.peer_timeout_s)
+    link = ProxyLinkDealer(ctx, opts.gateway, opts.peer_timeout_s)
     proxy = _Proxy(opts, router, mode, link)
     runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=5)
     await runner.setup()

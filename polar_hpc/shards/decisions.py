@@ -10,6 +10,10 @@ and keeps, per (task_id, sample_index) key:
 - `requeued` events: the session they replace (`previous`), which one-shot readers skip.
 A line that is not an event (cut short by a crash, or missing a field) is skipped with a warning.
 
+`FirstResults` is the one rule every reader of results applies (this class, the orchestrator's
+journal replay and progress, the dashboard, the session table): the first result of a (task,
+sample) key counts; a later one for the same key does not.
+
 `verdict(traj, shard)` is final: `ACCEPT` for the accepted session's record in the shard its result
 names, `STRAY` for any other record of a decided key, `UNDECIDED` while the key has no result.
 """
@@ -20,6 +24,7 @@ import json
 import logging
 from collections import Counter
 from pathlib import Path
+from typing import TypeVar
 
 from polar_hpc.shards.index import parse_name
 from polar_hpc.trajectory.model import Trajectory
@@ -28,6 +33,18 @@ log = logging.getLogger(__name__)
 
 ACCEPT, STRAY, UNDECIDED = "accept", "stray", "undecided"
 Key = tuple[str, int]
+V = TypeVar("V")
+
+
+class FirstResults(dict[Key, V]):
+    """Key -> what its first result said; `offer` applies the rule."""
+
+    def offer(self, key: Key, value: V) -> bool:
+        """Record `value` if it is `key`'s first result; True when it counts."""
+        if key in self:
+            return False
+        self[key] = value
+        return True
 
 
 def journal_path(run_dir: Path) -> Path:
@@ -42,7 +59,7 @@ class Decisions:
         self.head = ""  # the journal's first line: tells runs apart
         self.queued: set[Key] = set()
         self.samples: Counter[str] = Counter()
-        self.accepted: dict[Key, tuple[str, str]] = {}  # key -> (session, shard)
+        self.accepted: FirstResults[tuple[str, str]] = FirstResults()  # key -> (session, shard)
         self.named: dict[str, int] = {}  # writer -> highest seq of a shard an accepted result names
         self.dead: set[str] = set()
         self.problems: list[str] = []
@@ -93,12 +110,11 @@ class Decisions:
             where = f"{self.path}:{self.lines}: task {key[0]!r} sample {key[1]}"
             if key not in self.queued:
                 self.problems.append(f"{where}: a result (session {found[0]}) for a key never queued: ignored")
-            elif key in self.accepted:
+            elif not self.accepted.offer(key, found):
                 if self.accepted[key] != found:
                     self.problems.append(f"{where}: a second result (session {found[0]}, shard {found[1] or 'none'}) "
                                          f"ignored: the first (session {self.accepted[key][0]}) counts")
             else:
-                self.accepted[key] = found
                 writer, seq = parse_name(found[1])
                 if writer is not None:
                     self.named[writer] = max(self.named.get(writer, 0), seq)

@@ -4,7 +4,7 @@ Records go to a hidden temp file `.<name>.tmp` in `shards_dir`, each handed to t
 appended, with `os.writev` of its buffers (a failed append is cut back off). A shard is sealed when
 it reaches `max_bytes` (checked on append) or `max_age_s` after it was opened (checked on append and
 by `maybe_roll()`, which the owner should call periodically), and by `close()`. Sealing happens on a
-background thread, in order, so the caller (the gateway's event loop) never waits on the filesystem:
+background thread, in order, so the caller (the gateway's event loop) never waits for a sync:
 fsync the temp file, rename it to `<name>` = `<writer_id>-<seq:06d>.shard`, fsync the directory,
 then append the shard to the writer's index (polar_hpc.shards.index). Readers, which skip hidden
 files, only ever see whole shards. Every `sync_bytes` appended, the open shard is also fdatasynced

@@ -1,9 +1,11 @@
 """The engine step (`polar-hpc engine --kind scripted --run-dir RUN`) outside Slurm: it registers
 its server with the orchestrator over CURVE, the orchestrator relays it to gateways, and it
-deregisters when stopped."""
+deregisters when stopped. Its server runs with the topology's engine settings, as `polar-hpc run`'s
+does (engines.command builds both command lines)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import zmq
 from polar_hpc import security, wire
 from tests.orchestrator.helpers import next_message, reply, start_orchestrator
 
+TOPOLOGY = "gateway:\n  heartbeat_s: 0.2\n  peer_timeout_s: 5\nengine:\n  context_length: 64\n  sample_log: true\n"
 TASK = {"id": "t", "instruction": "hi", "num_samples": 1, "harness": {"command": "true"}}
 
 
@@ -27,7 +30,7 @@ def _next(sock, kind, timeout_s=20.0):
 
 def test_engine_step_registers_and_deregisters(tmp_path: Path) -> None:
     security.create_keys(tmp_path)
-    orch, endpoint = start_orchestrator(tmp_path, "gateway:\n  heartbeat_s: 0.2\n  peer_timeout_s: 5\n", TASK)
+    orch, endpoint = start_orchestrator(tmp_path, TOPOLOGY, TASK)
     step = subprocess.Popen([sys.executable, "-m", "polar_hpc", "engine", "--kind", "scripted", "--run-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ctx = zmq.Context()
@@ -55,6 +58,7 @@ def test_engine_step_registers_and_deregisters(tmp_path: Path) -> None:
                                           headers={"Authorization": f"Bearer {security.engine_api_key(tmp_path)}"})
         with urllib.request.urlopen(with_key, timeout=5) as r:
             assert r.status == 200
+        _check_engine_settings(url, tmp_path)
         step.send_signal(signal.SIGTERM)
         assert step.wait(30) == 0, step.stdout.read()
         gw.send(wire.encode(wire.Heartbeat(sender="g", t=time.time())))
@@ -72,3 +76,24 @@ def test_engine_step_registers_and_deregisters(tmp_path: Path) -> None:
         orch.kill()
         orch.wait()
         ctx.destroy(linger=0)
+
+
+def _generate(url: str, run_dir: Path, body: dict) -> tuple[int, str]:
+    request = urllib.request.Request(url + "/generate", data=json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {security.engine_api_key(run_dir)}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def _check_engine_settings(url: str, run_dir: Path) -> None:
+    """engine.context_length (64) bounds the step's engine; engine.sample_log logs what it served."""
+    status, body = _generate(url, run_dir, {"input_ids": [5] * 70, "rid": "long"})
+    assert status == 400 and "context length (64 tokens)" in body, body
+    status, body = _generate(url, run_dir, {"input_ids": [5] * 8, "rid": "short",
+                                            "sampling_params": {"max_new_tokens": 4}})
+    assert status == 200, body
+    (log,) = (run_dir / "logs").glob("engine-samples-*.jsonl")
+    assert [json.loads(line)["rid"] for line in log.read_text().splitlines()] == ["short"]

@@ -6,6 +6,7 @@ import json
 import tomllib
 from pathlib import Path
 
+import pydantic
 import pytest
 import yaml
 
@@ -80,5 +81,12 @@ def test_unknown_kind_is_refused_with_its_line(tmp_path: Path):
 
 
 @pytest.mark.parametrize("kind", sorted(PRESETS))
-def test_presets_need_no_command(kind: str):
-    assert task(kind).harness.command is None
+def test_presets_need_no_command(kind: str, tmp_path: Path):
+    """A preset task without `command` validates and runs the preset's own command line (its
+    harness's program, pointed at the proxy); a shell task without one is refused."""
+    command, env = launch(task(kind), URL, TOKEN, "s", tmp_path)
+    program = {"mini_swe_agent": "mini ", "codex": "codex ", "claude_code": "claude ", "opencode": "opencode ",
+               "qwen_code": "qwen "}[kind]
+    assert command.startswith(program) and TOKEN in env.values(), (command, env)
+    with pytest.raises(pydantic.ValidationError, match="command"):
+        task("shell")

@@ -64,14 +64,6 @@ def test_readme_topology_example_is_valid(tmp_path: Path) -> None:
     assert topology.engine.kind == "sglang" and topology.engine.tp_size == 8
 
 
-def test_hetjob_state_is_read_from_its_leader_row() -> None:
-    from polar_hpc.launch.slurm import HetInfoWatcher
-
-    sacct = "JobID|State|NodeList\n12+0|RUNNING|n0\n12+0.batch|RUNNING|n0\n12+1|RUNNING|n1\n"
-    info = HetInfoWatcher().read_info(sacct)
-    assert info["12"]["State"] == "RUNNING"  # stock submitit finds no "12" row: UNKNOWN forever
-
-
 def test_status_and_cancel_of_an_unknown_run(tmp_path: Path) -> None:
     for command in ("status", "cancel"):
         out = polar(command, tmp_path / "nothing-here", env=dict(os.environ, POLAR_HPC_HOME=str(tmp_path)))

@@ -17,10 +17,10 @@ def _task(task_id: str, n: int) -> Task:
 
 
 def _recounted(table: SessionTable) -> tuple:
-    sessions = list(table.sessions.values())
-    rewards = [s.result.reward for s in sessions if s.result and s.result.reward is not None]
+    sessions, results = list(table.sessions.values()), list(table.results.values())
+    rewards = [r.reward for r in results if r.reward is not None]
     return (dict(Counter(s.state for s in sessions)), all(s.state in FINAL for s in sessions),
-            sum(rewards) / len(rewards) if rewards else None, sum(s.result.n_tokens for s in sessions if s.result))
+            sum(rewards) / len(rewards) if rewards else None, sum(r.n_tokens for r in results))
 
 
 def test_counts_follow_every_move() -> None:

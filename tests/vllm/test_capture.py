@@ -3,16 +3,20 @@ modes, for all three APIs (through the openai and anthropic SDKs), streamed or n
 sampled id and logprob is what vLLM itself answers for that call (asked again directly, greedy, so
 the same), tito's prompt ids are what vLLM renders from the same conversation (its chat route's
 `prompt_token_ids`), and vLLM's answers, which carry no weight version, are stamped with the one
-the engine registry gave the proxy. The dev model's weights are random: what it says is used as it
-comes, never relied on."""
+the engine registry gave the proxy. The tiny model knows only the conversations it was taught:
+what it says elsewhere is used as it comes, never relied on; asked the calculator agent's first
+call, it writes the calculator call it was taught, and that call must reach harness and record."""
 
 from __future__ import annotations
+
+import json
 
 import anthropic
 import openai
 import pytest
 
 from polar_hpc import wire
+from polar_hpc.engines.tiny import conversation as calc
 from proxy.conftest import gateway, short_tmp  # noqa: F401 (fixtures)
 from proxy.helpers import CALCULATOR, MODEL, start_proxy, stop
 
@@ -21,6 +25,7 @@ MAX = 12
 GREEDY = {"temperature": 0}  # (this anthropic SDK takes no temperature argument)
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]
 TOOLS = [{"type": "function", "function": CALCULATOR}]
+FIRST_CALL = [{"role": "system", "content": calc.SYSTEM}, {"role": "user", "content": calc.QUESTION}]
 HISTORY = [  # a finished tool call in the history: the template renders calls and results
     {"role": "user", "content": "Use the calculator: 6 * 7"},
     {"role": "assistant", "content": None, "tool_calls": [
@@ -107,20 +112,48 @@ def test_tools_and_a_tool_result_in_the_history(vllm, proxy, stream) -> None:
     _chat(proxy, HISTORY, TOOLS, stream)
     record = proxy.gateway.expect(wire.CallRecord, timeout=60)
     check_against_vllm(vllm, proxy, record, HISTORY, TOOLS)
-    calls = record.response["choices"][0]["message"].get("tool_calls") or []
-    assert all(c["function"]["name"] for c in calls)  # whatever the model wrote, calls parse whole
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_tool_call_the_model_writes_reaches_the_harness_and_the_record(vllm, proxy, stream) -> None:
+    """The tiny model was taught the calculator agent's first call: asked it greedily, it writes one
+    calculator call, which the harness gets (streamed or not) and the record holds, as a tool call."""
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="tok", max_retries=0, timeout=300)
+    ask = dict(model=MODEL, messages=FIRST_CALL, tools=calc.TOOLS, max_tokens=200, temperature=0)
+    if stream:
+        chunks = [c for c in client.chat.completions.create(stream=True, **ask) if c.choices]
+        parts: dict[int, list[str]] = {}
+        for delta in (d for c in chunks for d in c.choices[0].delta.tool_calls or []):
+            part = parts.setdefault(delta.index, ["", ""])
+            part[0] += delta.function.name or ""
+            part[1] += delta.function.arguments or ""
+        got = [(name, json.loads(arguments)) for name, arguments in parts.values()]
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    else:
+        choice = client.chat.completions.create(**ask).choices[0]
+        got = [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []]
+        finish = [choice.finish_reason]
+    assert got == [("calculator", {"expression": calc.EXPRESSION})] and finish == ["tool_calls"], (got, finish)
+    record = proxy.gateway.expect(wire.CallRecord, timeout=60)
+    calls = record.response["choices"][0]["message"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == got
+    assert record.finish_reason == "tool_calls"
 
 
 def test_a_second_turn_extends_the_first_token_exactly(vllm, proxy) -> None:
-    """tito: the second call's prompt is the first's prompt + sampled ids + the new turn."""
+    """tito: the second call's prompt is the first's prompt + sampled ids + the new turn (or a new
+    chain that says why); passthrough: vLLM's own rendering of the second call."""
     first = _chat(proxy, ASK, None, False)
     r1 = proxy.gateway.expect(wire.CallRecord, timeout=60)
-    _chat(proxy, [*ASK, {"role": "assistant", "content": first}, {"role": "user", "content": "And 3 + 3?"}], None, False)
+    second = [*ASK, {"role": "assistant", "content": first}, {"role": "user", "content": "And 3 + 3?"}]
+    _chat(proxy, second, None, False)
     r2 = proxy.gateway.expect(wire.CallRecord, timeout=60)
-    if proxy.mode == "tito" and r1.finish_reason == "stop":  # ended with the end token: one chain
+    if proxy.mode == "passthrough":  # vLLM renders each call itself: the record holds its rendering, token-exact
+        check_against_vllm(vllm, proxy, r2, second)
+    elif r1.finish_reason == "stop":  # ended with the end token: one chain
         assert r2.prompt_ids[: len(r1.prompt_ids) + len(r1.output_ids)] == r1.prompt_ids + r1.output_ids
-    else:  # cut by max_tokens (the random model rarely ends): a new chain, and it says why
-        assert r2.meta.get("new_chain") or proxy.mode == "passthrough"
+    else:  # cut by max_tokens (the untaught question rarely ends within MAX): a new chain, and it says why
+        assert r2.meta.get("new_chain"), r2.meta
     tito_choice = vllm.post("/v1/completions", {"model": MODEL, "prompt": r2.prompt_ids, "max_tokens": MAX,
                                                 "temperature": 0, "logprobs": 0, "return_token_ids": True})["choices"][0]
     if proxy.mode == "tito":

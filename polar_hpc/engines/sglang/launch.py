@@ -1,6 +1,6 @@
 """SGLang on a node: the server command line and its environment.
 
-`command(engine, host, port)` (engines.server) runs `sglang.launch_server` with the Python `engine.python` (default:
+`command(engine, host, port)` (engines.command) runs `sglang.launch_server` with the Python `engine.python` (default:
 polar-hpc's own) and the model path, served model name, host, port, tp size and the user's
 `extra_args`, in that order (a later flag wins in SGLang's argparse), with `--enable-metrics` (its
 /metrics: the orchestrator reads its queue from it) before the user's args, through a few lines of
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polar_hpc.engines import server
+from polar_hpc.engines import command as engine_command
 from polar_hpc.security import ENGINE_KEY_ENV
 
 if TYPE_CHECKING:  # annotations only: the proxy imports the engine kinds without pydantic's cost
@@ -29,7 +29,7 @@ LAUNCH = (
 
 
 def command(engine: EngineConfig, host: str, port: int) -> list[str]:
-    return server.command(engine, LAUNCH, host, port, "--model-path", "--tp-size", ("--enable-metrics",))
+    return engine_command.python_engine(engine, LAUNCH, host, port, "--model-path", "--tp-size", ("--enable-metrics",))
 
 
 def environment(base: dict[str, str], cache_dir: Path) -> dict[str, str]:

