@@ -261,7 +261,8 @@ class Orchestrator:
         stall of this loop (a slow journal write, a starved CPU) their heartbeats wait unheard.
         The async socket's EVENTS read also schedules their handling (pyzmq, edge-triggered)."""
         for _ in range(_WAITING_ROUNDS):
-            if not self.sock.get(zmq.EVENTS) & zmq.POLLIN:
+            events = self.sock.get(zmq.EVENTS)
+            if not (isinstance(events, int) and events & zmq.POLLIN):
                 return
             await asyncio.sleep(0)
 
