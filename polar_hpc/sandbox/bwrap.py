@@ -140,6 +140,8 @@ class BwrapSandbox(RunsAs):
         self.rootfs = rootfs  # the task's image as a root filesystem folder, or None: the host's root, read-only
         self.layer = Layer(self.root, rootfs) if rootfs else None
         self.config = ImageConfig.of(rootfs) if rootfs else ImageConfig()
+        self.workdir = self.config.workdir  # the image's WorkingDir (made in the layer), or None
+        self.cwd: str | None = None  # where commands start in an image (e.g. `workdir`); None: the workspace
 
     @property
     def user_namespace(self) -> bool:  # an image's commands run in one, whoever the gateway is
@@ -235,8 +237,8 @@ class BwrapSandbox(RunsAs):
                 "--bind", f"{stage}/shm", "/dev/shm", "--remount-ro", "/dev",
                 "--perms", "0755", "--dir", "/run/polar", "--ro-bind", f"{stage}/inside.py", self.inside]
         args += _traversable(ws) + ["--bind", f"{stage}/ws", ws]
-        workdir = self.config.workdir
-        args += ["--dir", workdir, "--chdir", workdir] if workdir else ["--chdir", ws]
+        args += ["--dir", self.workdir] if self.workdir else []
+        args += ["--chdir", self.cwd or ws]
         if self.relayed:
             args += ["--bind", f"{stage}/proxy.sock", self.proxy_socket_inside]
         uid, gid = user_ids(self.rootfs, self.config.user)

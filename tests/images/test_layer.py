@@ -44,6 +44,7 @@ def run(sb: BwrapSandbox, *commands: str):
 def test_root_in_the_image_workdir_env_and_a_layer_that_never_reaches_the_cache(tmp_path: Path) -> None:
     root = entry(tmp_path, {"Env": ["PATH=/usr/bin:/bin", "GREETING=image's", "TASK=image's"], "WorkingDir": "/app"})
     sb = BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root))
+    sb.cwd = sb.workdir  # as a Harbor task's harness and tests run
     first, second = run(
         sb,
         'id -u; pwd; echo "$GREETING $TASK"; echo agent >> data.txt; mkdir -p /usr/local/share/x; '
