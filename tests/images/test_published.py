@@ -25,7 +25,8 @@ pytestmark = [needs_tools, needs_bwrap, pytest.mark.timeout(400)]
 PUBLISHED = "debian:bookworm-slim"
 TEST_SH = """[ "$(id -u)" = 0 ] || { echo "not root"; exit 1; }
 mkdir -p /usr/local/share/verifier && touch /usr/local/share/verifier/ran || exit 1
-if [ "$(head -n1 /app/data.txt)" = "copied into /app" ] && [ "$APP_MODE" = image-env ] && [ "$(cat "$HOME/answer.txt")" = 42 ]; then
+if [ "$(head -n1 /app/data.txt)" = "copied into /app" ] && [ "$APP_MODE" = image-env ] \\
+   && [ "$(cat "$HOME/answer.txt")" = 42 ]; then
   echo 1 > "$POLAR_LOGS_DIR/reward.txt"
 else
   echo 0 > "$POLAR_LOGS_DIR/reward.txt"
@@ -79,7 +80,8 @@ def test_a_published_image_through_a_mirror_runs_as_its_container(tmp_path: Path
     assert run.returncode == 0, run.stdout + run.stderr
     done = trajectories(tmp_path / "run")
     rewards = {t.task_id: (t.status, t.reward) for t in done}
-    assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0)}, [(t.metadata.get("error"), t.metadata.get("evaluation")) for t in done]
+    why = [(t.metadata.get("error"), t.metadata.get("evaluation")) for t in done]
+    assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0)}, why
     assert (entry / "app" / "data.txt").read_text() == "copied into /app\n"  # the agent's append stayed in its layer
     assert not (entry / "usr" / "local" / "share" / "verifier").exists()
 
