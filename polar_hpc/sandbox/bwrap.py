@@ -46,6 +46,7 @@ With `host` the host network is shared.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import re
@@ -56,7 +57,7 @@ from pathlib import Path
 
 from polar_hpc.sandbox.base import INSIDE, MARKER, SandboxError
 from polar_hpc.sandbox.inside import ENV_PREFIX
-from polar_hpc.sandbox.layer import ROOT_CAPS, STAGE, ImageConfig, Layer, user_ids
+from polar_hpc.sandbox.layer import ROOT_CAPS, STAGE, ImageConfig, Layer, open_up, user_ids
 from polar_hpc.sandbox.owner import RunsAs
 
 HOMES = ("/root", "/home")
@@ -160,6 +161,11 @@ class BwrapSandbox(RunsAs):
             folder.mkdir(parents=True, exist_ok=True)
             if self.privileged:
                 os.chown(folder, *self.run_as)
+
+    async def _remove(self) -> None:
+        if self.layer and not self.privileged:  # folders its root made unreadable to the gateway's user
+            await asyncio.to_thread(open_up, self.root)
+        await super()._remove()
 
     def _launcher(self, argv: list[str]) -> list[str]:
         args = super()._launcher(argv)
