@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -41,6 +42,7 @@ from polar_hpc.config import load_topology
 from polar_hpc.launch.rundir import record_job
 from polar_hpc.orchestrator.journal import progress
 
+KILL_WAIT_DEFAULT_S = 30.0  # Slurm's default KillWait
 _GPU_ENV = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
@@ -73,8 +75,15 @@ def drive(run_dir: Path) -> int:
     run_dir = Path(run_dir)
     topology = load_topology(run_dir / "topology.yaml")
     signals: list[int] = []
+    life: _Life | None = None
+
+    def on_signal(signum: int, _frame) -> None:
+        signals.append(signum)
+        if life is not None:
+            life.signalled()  # its first word at once, whatever the main loop is waiting on
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda signum, _frame: signals.append(signum))
+        signal.signal(sig, on_signal)
     job = os.environ.get("SLURM_JOB_ID")
     if job:
         try:
@@ -82,69 +91,121 @@ def drive(run_dir: Path) -> int:
         except OSError as e:  # e.g. a read-only home on the compute node: status RUN_DIR still works
             print(f"cannot record job {job}: {e}", flush=True)
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
-    _record(run_dir, "start", job=job, restart=restart)
-    outcome, why = "error", "the driver failed"
+    kill_wait = kill_wait_s()
+    budget = topology.slurm.stop_budget_s or kill_wait / 3
+    os.environ[procs.STOP_BUDGET_ENV] = f"{budget:g}"  # handed down to the orchestrator and every step
+    _record(run_dir, "start", job=job, restart=restart, kill_wait_s=kill_wait, stop_budget_s=round(budget, 3))
+    life = _Life(run_dir, topology, signals, budget, job)
     try:
-        outcome, why = _life(run_dir, topology, signals, restart, topology.slurm.requeue and bool(job))
+        life.run(restart)
     except BaseException as e:
-        why = f"the driver failed: {e!r} (its traceback: the job's output)"
+        life.why = f"the driver failed: {e!r} (its traceback: the job's output)"
         raise
     finally:
-        code = 0 if outcome in ("finished", "requeued") else 1
-        _record(run_dir, "end", outcome=outcome, why=why, left=progress(run_dir).left, code=code)
-    if outcome == "requeued" and job:  # requeued: only a Slurm job is
+        code = 0 if life.outcome in ("finished", "requeued") else 1
+        _record(run_dir, "end", job=job, outcome=life.outcome, why=life.why, left=progress(run_dir).left,
+                code=code, stopped_in_s=life.stopped_in_s())
+    if life.outcome == "requeued" and job:  # requeued: only a Slurm job is
         subprocess.run(["scontrol", "requeue", job], check=False)
     return code
 
 
-def _life(run_dir: Path, topology, signals: list[int], restart: str, requeue: bool) -> tuple[str, str]:
-    """One life of the job, until the run ends or a signal comes: (outcome, why)."""
-    started = time.time()
-    (run_dir / "rendezvous.json").unlink(missing_ok=True)  # a previous life's endpoint
-    host = socket.gethostname()
-    args = ["orchestrator", "--run-dir", str(run_dir), "--host", "0.0.0.0", "--advertise", host]
-    orchestrator = procs.spawn("orchestrator", args + ["--port", str(topology.slurm.port)],
-                               run_dir / "logs" / "orchestrator.log")
-    steps: list[_Step] = []
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    outcome, why = "", ""
+def kill_wait_s() -> float:
+    """The cluster's KillWait (seconds between Slurm's SIGTERM and its SIGKILL); Slurm's default, 30,
+    where `scontrol show config` does not say."""
     try:
-        endpoint = procs.wait_ready(orchestrator, run_dir / "rendezvous.json")["endpoint"]
-        print(f"orchestrator at {endpoint}; restart {restart}", flush=True)
-        steps = _steps(run_dir, topology, endpoint)
-        security.secure_client(sock, run_dir, security.ADMIN)
-        sock.connect(endpoint)
-        while not signals:
-            if orchestrator.proc.poll() is not None:
-                outcome, why = _orchestrator_exit(run_dir, orchestrator.proc.returncode, started)
-                break
-            _supervise(steps, topology.slurm.step_restarts)
-            for kind in ("engine", "gateway"):
-                if all(s.due == float("inf") for s in steps if s.name.startswith(kind)):
-                    outcome, why = "gave_up", f"every {kind} step failed {topology.slurm.step_restarts + 1} times"
-            if outcome:
-                break
-            if _finished(sock):
-                sock.send(wire.encode(wire.Shutdown(reason="all sessions ended")))
-                _wait(orchestrator.proc, 30)
-                outcome, why = "finished", "all sessions ended"
-                break
-            time.sleep(0.5)
-        if signals:
-            outcome = "requeued" if requeue and signals[0] == signal.SIGUSR2 else "signal"
-            why = f"got signal {signals[0]} ({signal.Signals(signals[0]).name})"
-        if outcome != "finished":
-            print(f"{why}: {'giving up' if outcome == 'gave_up' else 'stopping'} ({outcome}); "
-                  "a next life of the job resumes from the journal", flush=True)
-        return outcome, why
-    finally:
-        procs.stop([orchestrator], grace_s=10)
-        running = [s.child for s in steps if s.child is not None]
-        for child in running if not signals else []:  # after Shutdown the steps exit on their own
-            _wait(child.proc, 15)
-        procs.stop(running, grace_s=20)
-        sock.close(linger=0)
-        (run_dir / "rendezvous.json").unlink(missing_ok=True)
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return KILL_WAIT_DEFAULT_S
+    found = re.search(r"^KillWait\s*=\s*(\d+)", out, re.MULTILINE)
+    return float(found.group(1)) if found else KILL_WAIT_DEFAULT_S
+
+
+class _Life:
+    """One life of the job, until the run ends or a signal comes; `outcome` and `why` say how it ended."""
+
+    def __init__(self, run_dir: Path, topology, signals: list[int], budget_s: float, job: str | None) -> None:
+        self.run_dir, self.topology, self.signals, self.budget_s = run_dir, topology, signals, budget_s
+        self.job, self.requeue = job, topology.slurm.requeue and bool(job)
+        self.outcome, self.why = "error", "the driver failed"
+        self.ended = False  # the run ended by itself: a later signal changes nothing
+        self.stopping_since: float | None = None  # monotonic time a signal was first seen
+
+    def stopped_in_s(self) -> float | None:
+        return None if self.stopping_since is None else round(time.monotonic() - self.stopping_since, 3)
+
+    def run(self, restart: str) -> None:
+        run_dir, topology, signals = self.run_dir, self.topology, self.signals
+        started = time.time()
+        (run_dir / "rendezvous.json").unlink(missing_ok=True)  # a previous life's endpoint
+        host = socket.gethostname()
+        args = ["orchestrator", "--run-dir", str(run_dir), "--host", "0.0.0.0", "--advertise", host]
+        orchestrator = procs.spawn("orchestrator", args + ["--port", str(topology.slurm.port)],
+                                   run_dir / "logs" / "orchestrator.log")
+        steps: list[_Step] = []
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        outcome, why = "", ""
+        try:
+            endpoint = procs.wait_ready(orchestrator, run_dir / "rendezvous.json")["endpoint"]
+            print(f"orchestrator at {endpoint}; restart {restart}; stop budget {self.budget_s:g}s", flush=True)
+            steps = _steps(run_dir, topology, endpoint)
+            security.secure_client(sock, run_dir, security.ADMIN)
+            sock.connect(endpoint)
+            while not signals:
+                if orchestrator.proc.poll() is not None:
+                    outcome, why = _orchestrator_exit(run_dir, orchestrator.proc.returncode, started)
+                    break
+                _supervise(steps, topology.slurm.step_restarts)
+                for kind in ("engine", "gateway"):
+                    if all(s.due == float("inf") for s in steps if s.name.startswith(kind)):
+                        outcome, why = "gave_up", f"every {kind} step failed {topology.slurm.step_restarts + 1} times"
+                if outcome:
+                    break
+                if _finished(sock):
+                    sock.send(wire.encode(wire.Shutdown(reason="all sessions ended")))
+                    _wait(orchestrator.proc, 30)
+                    outcome, why = "finished", "all sessions ended"
+                    break
+                time.sleep(0.5)
+            if not outcome:  # a signal
+                return
+            self.ended = True
+            self.outcome, self.why = outcome, why
+            if outcome != "finished":
+                print(f"{why}: {'giving up' if outcome == 'gave_up' else 'stopping'} ({outcome}); "
+                      "a next life of the job resumes from the journal", flush=True)
+        finally:
+            running = [s.child for s in steps if s.child is not None]
+            if signals:  # everyone at once, within the budget: nobody waits for another to go first
+                self.signalled()
+                procs.stop([orchestrator, *running], grace_s=self.budget_s)
+            else:
+                procs.stop([orchestrator], grace_s=10)
+                for child in running:  # after Shutdown the steps exit on their own
+                    _wait(child.proc, 15)
+                procs.stop(running, grace_s=20)
+            sock.close(linger=0)
+            (run_dir / "rendezvous.json").unlink(missing_ok=True)
+
+    def signalled(self) -> None:
+        """The first word on a signal, before anything is stopped: `end` journaled (updated once the
+        processes are down) and the endpoint withdrawn. Called from the signal handler."""
+        if self.stopping_since is not None or self.ended or not self.signals:
+            return
+        self.stopping_since = time.monotonic()
+        first = self.signals[0]
+        name = signal.Signals(first).name
+        if self.requeue and first == signal.SIGUSR2:
+            self.outcome, self.why = "requeued", f"stopped by Slurm: {name} (the job's --signal: time limit or preemption)"
+        else:
+            self.outcome = "signal"
+            self.why = f"stopped by Slurm: {name}" if first != signal.SIGINT else f"stopped: {name}"
+        print(f"got signal {first} ({name}): stopping within {self.budget_s:g}s ({self.outcome}); "
+              "a next life of the job resumes from the journal", flush=True)
+        (self.run_dir / "rendezvous.json").unlink(missing_ok=True)
+        code = 0 if self.outcome == "requeued" else 1
+        _record(self.run_dir, "end", job=self.job, outcome=self.outcome, why=self.why, left=None, code=code,
+                stopping=True)
 
 
 def _orchestrator_exit(run_dir: Path, returncode: int, started: float) -> tuple[str, str]:

@@ -6,8 +6,11 @@ orchestrator (over CURVE with the run's keys) for the engines and gateways (up, 
 by state, throughput and ETA, and where its Prometheus /metrics is. When it cannot be reached it
 tells the run's story from the files: sessions ended (by status) and never ended, from the
 journal; why the last life of the job stopped, from `<run>/journal/driver.jsonl` (a start with no
-end: the driver was killed); and, for a run whose job has ended with sessions left, the command that resumes it. Cancel asks the
-orchestrator to shut the run down cleanly (gateways write what they hold, the driver exits) and
+end: the driver was killed; an end still marked `stopping`: it was killed while its processes
+stopped), with Slurm's word on who stopped it (scancel, preemption, time limit; a requeued job is
+queued again); and, for a run whose job has ended with sessions left, the command that resumes it.
+Cancel of a job not started yet (pending, requeued) is `scancel` at once; of a running job it asks
+the orchestrator to shut the run down cleanly (gateways write what they hold, the driver exits) and
 falls back to `scancel`; a job that has already ended is said to be so at once.
 `status --watch` is a live terminal view read from the run dir (polar_hpc.observe.RunReader):
 progress and ETA, sessions by stage, rewards per task, tokens, the commonest errors; it refreshes
@@ -126,6 +129,8 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
     last = lives[-1] if lives else None
     if state in ACTIVE:
         lines.append(f"the job is {state}: its orchestrator is not up (yet); it continues from the journal")
+        if last is not None and last.get("event") == "end" and last.get("job") == job_id and state != "RUNNING":
+            lines.append(f"requeued: its last life {_ended(last)}")
         return lines
     if last is None:
         lines.append("no driver has started for this run")
@@ -135,11 +140,26 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
     elif last.get("outcome") == "finished":
         lines.append(f"finished: {last.get('why')}")
     else:
-        lines.append(f"stopped ({last.get('outcome')}): {last.get('why')}")
+        lines.append(_ended(last) + (f" ({_BY_SLURM[state]})" if state in _BY_SLURM else ""))
     if p.left and job_id is not None:
         lines.append(f"resume: polar-hpc resume {job_id}   (a new job; what ended is not redone; "
                      f"or `scontrol requeue {job_id}` while Slurm still lists the job)")
     return lines
+
+
+_NOT_STARTED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING")  # no driver runs
+_BY_SLURM = {"CANCELLED": "scancel", "PREEMPTED": "preempted", "TIMEOUT": "time limit", "NODE_FAIL": "node failure"}
+
+
+def _ended(end: dict) -> str:
+    """A life's `end` record in words; one written as the stop began (`stopping`) and never updated
+    means the driver was killed while its processes stopped."""
+    words = f"stopped ({end.get('outcome')}): {end.get('why')}"
+    if end.get("stopping"):
+        words += "; killed before every process was down (more than KillWait)"
+    elif end.get("stopped_in_s") is not None:
+        words += f"; every process down in {end['stopped_in_s']:.1f}s"
+    return words
 
 
 def _states(states: dict[str, int]) -> str:
@@ -156,6 +176,10 @@ def cancel(target: str, console: Console, wait_s: float = 60.0) -> None:
         if state not in ACTIVE:
             console.print(f"job {job_id} has already ended ({state}{f', exit code {code}' if code else ''}); "
                           "nothing to cancel")
+            return
+        if state in _NOT_STARTED:  # no orchestrator to ask: it must not start
+            subprocess.run(["scancel", job_id], check=False)
+            console.print(f"job {job_id} was {state}: scancel sent, it will not start")
             return
     ask(run_dir, wire.Shutdown(reason="polar-hpc cancel"))
     console.print(f"asked the orchestrator of {run_dir} to stop")
