@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import zmq
@@ -41,6 +42,7 @@ from polar_hpc import procs, security, wire
 from polar_hpc.config import load_topology
 from polar_hpc.launch.rundir import record_job
 from polar_hpc.orchestrator.journal import progress
+from polar_hpc.orchestrator.sessions import ADMIT_UNTIL_ENV, FINAL, HELD, LIFE_ENV
 
 KILL_WAIT_DEFAULT_S = 30.0  # Slurm's default KillWait
 _GPU_ENV = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
@@ -94,6 +96,7 @@ def drive(run_dir: Path) -> int:
     kill_wait = kill_wait_s()
     budget = topology.slurm.stop_budget_s or kill_wait / 3
     os.environ[procs.STOP_BUDGET_ENV] = f"{budget:g}"  # handed down to the orchestrator and every step
+    os.environ.update(admission(job, topology.slurm.signal_s + budget))
     _record(run_dir, "start", job=job, restart=restart, kill_wait_s=kill_wait, stop_budget_s=round(budget, 3))
     life = _Life(run_dir, topology, signals, budget, job)
     try:
@@ -119,6 +122,53 @@ def kill_wait_s() -> float:
         return KILL_WAIT_DEFAULT_S
     found = re.search(r"^KillWait\s*=\s*(\d+)", out, re.MULTILINE)
     return float(found.group(1)) if found else KILL_WAIT_DEFAULT_S
+
+
+def admission(job: str | None, margin_s: float) -> dict[str, str]:
+    """The orchestrator's walltime admission: sessions must end `margin_s` (the job's --signal lead
+    and the stop budget) before the allocation does, and how long a fresh life offers; from
+    SLURM_JOB_END_TIME, else squeue's end time and time limit. Nothing where Slurm does not say."""
+    if not job:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e|%l"], capture_output=True, text=True,
+                             timeout=30).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        out = []
+    end_text, _, limit_text = (out[0] if out else "").partition("|")
+    env = {}
+    end = os.environ.get("SLURM_JOB_END_TIME") or _epoch(end_text)
+    if end:
+        env[ADMIT_UNTIL_ENV] = f"{float(end) - margin_s:.3f}"
+    limit = slurm_seconds(limit_text)
+    if limit is not None:
+        env[LIFE_ENV] = f"{limit - margin_s:.3f}"
+    return env
+
+
+def _epoch(text: str) -> str | None:
+    """squeue's local ISO time as unix time; None for N/A, Unknown and the like."""
+    try:
+        return str(datetime.fromisoformat(text).timestamp())
+    except ValueError:
+        return None
+
+
+def slurm_seconds(text: str) -> float | None:
+    """A Slurm duration (minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]])
+    in seconds; None for UNLIMITED or anything else."""
+    days, dash, rest = text.partition("-")
+    if not dash:
+        days, rest = "0", text
+    parts = rest.split(":")
+    if not (days.isdigit() and 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts)):
+        return None
+    n = [int(p) for p in parts]
+    if dash:
+        n += [0] * (3 - len(n))
+    elif len(n) < 3:
+        n = [0, n[0], 0] if len(n) == 1 else [0, *n]
+    return float(int(days) * 86400 + n[0] * 3600 + n[1] * 60 + n[2])
 
 
 class _Life:
@@ -161,10 +211,17 @@ class _Life:
                         outcome, why = "gave_up", f"every {kind} step failed {topology.slurm.step_restarts + 1} times"
                 if outcome:
                     break
-                if _finished(sock):
+                reply = _status(sock)
+                if reply is not None and reply.done:
                     sock.send(wire.encode(wire.Shutdown(reason="all sessions ended")))
                     _wait(orchestrator.proc, 30)
                     outcome, why = "finished", "all sessions ended"
+                    break
+                held = _only_held(reply)
+                if held:  # nothing runs and nothing else will: no idling until the time limit
+                    sock.send(wire.encode(wire.Shutdown(reason="only held sessions left")))
+                    _wait(orchestrator.proc, 30)
+                    outcome, why = self._held(held)
                     break
                 time.sleep(0.5)
             if not outcome:  # a signal
@@ -186,6 +243,16 @@ class _Life:
                 procs.stop(running, grace_s=20)
             sock.close(linger=0)
             (run_dir / "rendezvous.json").unlink(missing_ok=True)
+
+    def _held(self, held: dict[str, int]) -> tuple[str, str]:
+        """How a life with only held sessions left ends: requeued when a fresh life fits them all."""
+        n = sum(held.values())
+        if "held_too_long" in held:
+            return "held", (f"{n} sessions held: {held['held_too_long']} have a timeout_s longer than the job's "
+                            "time limit allows (resume with a longer slurm.time)")
+        if self.requeue:
+            return "requeued", f"{n} sessions held: they cannot end before this allocation does; the next life runs them"
+        return "held", f"{n} sessions held: they cannot end before this allocation does (polar-hpc resume runs them)"
 
     def signalled(self) -> None:
         """The first word on a signal, before anything is stopped: `end` journaled (updated once the
@@ -258,12 +325,20 @@ def _supervise(steps: list[_Step], max_restarts: int) -> None:
             step.child = procs.spawn_command(step.name, step.argv, step.log, step.env)
 
 
-def _finished(sock: zmq.Socket) -> bool:
+def _status(sock: zmq.Socket) -> wire.StatusReply | None:
     sock.send(wire.encode(wire.StatusRequest()))
     if not sock.poll(1000):
-        return False
+        return None
     reply = wire.decode(sock.recv())
-    return isinstance(reply, wire.StatusReply) and reply.done
+    return reply if isinstance(reply, wire.StatusReply) else None
+
+
+def _only_held(reply: wire.StatusReply | None) -> dict[str, int]:
+    """The held sessions by state when nothing else is left to run; empty otherwise."""
+    if reply is None:
+        return {}
+    left = {state: n for state, n in reply.states.items() if n and state not in FINAL}
+    return left if left and set(left) <= set(HELD) else {}
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> None:

@@ -35,7 +35,8 @@ from polar_hpc import security, wire
 from polar_hpc.launch.rundir import resolve
 from polar_hpc.launch.slurm import ACTIVE, job_state
 from polar_hpc.observe.run import RunReader
-from polar_hpc.orchestrator.journal import progress, read_jsonl
+from polar_hpc.config import load_topology
+from polar_hpc.orchestrator.journal import Progress, progress, read_jsonl
 
 
 def ask(run_dir: Path, msg: wire.Message, timeout_s: float = 3.0) -> wire.AnyMessage | None:
@@ -79,6 +80,8 @@ def show(target: str, console: Console) -> None:
     if reply.versions_in_flight:
         console.print(f"weight versions in flight: {_states(reply.versions_in_flight)}")
     console.print(f"throughput {reply.sessions_per_s * 60:.1f} sessions/min, ETA {eta}, tokens {reply.tokens}")
+    for line in waste(run_dir, progress(run_dir)):
+        console.print(escape(line), soft_wrap=True)
     url = json.loads((run_dir / "rendezvous.json").read_text()).get("metrics_url")
     if url:
         console.print(f"Prometheus: {url} (its bearer token: metrics_token in {run_dir / 'rendezvous.json'})")
@@ -124,7 +127,7 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
     """What happened to a run whose orchestrator does not answer, from its files."""
     p = progress(run_dir)
     lines = [f"orchestrator not reachable; from the journal: {sum(p.ended.values())} of {p.total} sessions "
-             f"ended ({_states(dict(p.ended))}), {p.left} never ended"]
+             f"ended ({_states(dict(p.ended))}), {p.left} never ended"] + waste(run_dir, p)
     lives = read_jsonl(run_dir / "journal" / "driver.jsonl")
     last = lives[-1] if lives else None
     if state in ACTIVE:
@@ -144,6 +147,23 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
     if p.left and job_id is not None:
         lines.append(f"resume: polar-hpc resume {job_id}   (a new job; what ended is not redone; "
                      f"or `scontrol requeue {job_id}` while Slurm still lists the job)")
+    return lines
+
+
+def waste(run_dir: Path, p: Progress) -> list[str]:
+    """Sessions held by walltime admission, and the GPU time lost to attempts a stop cut short: their
+    seconds since dispatch times the run's GPUs per session slot (the share of the engines each had)."""
+    lines = []
+    if p.held:
+        lines.append(f"held: {p.held} sessions not started, their timeout_s cannot end before the allocation does")
+    if p.cut:
+        topology = load_topology(run_dir / "topology.yaml")
+        gpu = topology.slurm.gpu
+        count = gpu.gres.rpartition(":")[2] if gpu.gres else ""  # --gres=gpu[:type]:N
+        gpus = gpu.nodes * (int(count) if count.isdigit() else gpu.gpus)
+        slots = topology.slurm.cpu.nodes * topology.gateway.pools.run
+        lines.append(f"cut by stops: {p.cut} sessions, {p.cut_s:.0f} session-seconds, wasted "
+                     f"{p.cut_s * gpus / max(1, slots):.0f} GPU-seconds ({gpus} GPUs / {slots} session slots)")
     return lines
 
 

@@ -20,9 +20,9 @@ def _lives(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
-def _mid_run(env: dict, tmp_path: Path, calculator_dir: Path) -> tuple[str, Path]:
+def _mid_run(env: dict, tmp_path: Path, calculator_dir: Path, n: int) -> tuple[str, Path]:
     """A job with results journaled and more sessions in POSTRUN (a 2 s evaluator) than have ended."""
-    job_id, run_dir = _submit(env, tmp_path, _calculator(tmp_path, calculator_dir, 40, slow_postrun=True),
+    job_id, run_dir = _submit(env, tmp_path, _calculator(tmp_path, calculator_dir, n, slow_postrun=True),
                               token_delay_ms=15)
     wait_for("results, and sessions in POSTRUN", lambda: len(r := results(run_dir)) >= 2 and len(
         {e["session"] for e in journal(run_dir) if e.get("state") == "POSTRUN"}) > len(r), 120, 0.2)
@@ -51,7 +51,7 @@ def _stopped_cleanly(env: dict, run_dir: Path) -> dict:
 
 @pytest.mark.timeout(240)
 def test_scancel_mid_run_stops_cleanly_inside_killwait(slurm, tmp_path: Path, calculator_dir: Path) -> None:
-    job_id, run_dir = _mid_run(slurm, tmp_path, calculator_dir)
+    job_id, run_dir = _mid_run(slurm, tmp_path, calculator_dir, 40)
     subprocess.run(["scancel", job_id], env=slurm, check=True)
     wait_for("the job to end", lambda: job_gone(slurm, job_id), 120)
     _stopped_cleanly(slurm, run_dir)
@@ -66,7 +66,7 @@ def test_scancel_mid_run_stops_cleanly_inside_killwait(slurm, tmp_path: Path, ca
 def test_requeue_mid_run_stops_cleanly_then_resumes(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     """`scontrol requeuehold`: the stop of `scontrol requeue`, with the next life held back until the
     first life's leavings are checked (a next life would seal an open shard itself, hiding a defect)."""
-    job_id, run_dir = _mid_run(slurm, tmp_path, calculator_dir)
+    job_id, run_dir = _mid_run(slurm, tmp_path, calculator_dir, 16)
     subprocess.run(["scontrol", "requeuehold", job_id], env=slurm, check=True)
     wait_for("the first life to end", lambda: (e := _lives(run_dir)) and e[-1]["event"] == "end"
              and "stopping" not in e[-1] and not subprocess.run(
@@ -80,7 +80,7 @@ def test_requeue_mid_run_stops_cleanly_then_resumes(slurm, tmp_path: Path, calcu
     wait_for("the requeued job to resume", lambda: _nudge(slurm, job_id) or any(
         e["event"] == "resumed" for e in journal(run_dir)), 120, 2.0)
     wait_for("the job to end", lambda: job_gone(slurm, job_id), 240)
-    _check_exactly_once(run_dir, 40)
+    _check_exactly_once(run_dir, 16)
 
 
 def test_cancel_of_a_pending_job_scancels_it_at_once(slurm, tmp_path: Path, calculator_dir: Path) -> None:
