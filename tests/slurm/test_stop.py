@@ -1,6 +1,7 @@
 """How a Slurm job stops: scancel and requeue mid-run stop every process inside KillWait, leave a
 true `end` record and status, no rendezvous, and every journaled result readable with no resume;
-`polar-hpc cancel` of a pending job scancels it at once."""
+`polar-hpc cancel` of a pending job scancels it at once; a session that cannot end before the
+time limit is not started."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from polar_hpc.shards.reader import iter_trajectories
 from tests.slurm.conftest import job_gone, journal, results, wait_for, write_topology
@@ -59,6 +61,7 @@ def test_scancel_mid_run_stops_cleanly_inside_killwait(slurm, tmp_path: Path, ca
     status = _polar(slurm, "status", job_id).stdout
     assert "stopped (signal): stopped by Slurm: SIGTERM; every process down in" in status, status
     assert "(scancel)" in status and "killed" not in status, status
+    assert "cut by stops: " in status and "GPU-seconds (2 GPUs / 8 session slots)" in status, status
     assert f"resume: polar-hpc resume {job_id}" in status, status
 
 
@@ -94,3 +97,26 @@ def test_cancel_of_a_pending_job_scancels_it_at_once(slurm, tmp_path: Path, calc
     assert cancel.returncode == 0 and f"job {job_id} was PENDING: scancel sent" in cancel.stdout, cancel
     wait_for("Slurm to say CANCELLED", lambda: "|CANCELLED" in _sacct_state(slurm, job_id), 60)
     assert not _lives(tmp_path / "run")  # no driver ever started
+
+
+@pytest.mark.timeout(240)
+def test_a_session_that_cannot_end_before_the_time_limit_is_not_started(slurm, tmp_path: Path,
+                                                                       calculator_dir: Path) -> None:
+    """A 10-minute job: the calculator's sessions (timeout_s 60) run; those of a task with timeout_s
+    900 are held, never dispatched, and the job ends once only they are left (no idling until the limit)."""
+    short = yaml.safe_load(_calculator(tmp_path, calculator_dir, 4).read_text())
+    long = dict(short, id="too-long", num_samples=2, timeout_s=900)
+    tasks = tmp_path / "tasks.yaml"
+    tasks.write_text(yaml.safe_dump([short, long]))
+    job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=5)
+    wait_for("the job to end", lambda: job_gone(slurm, job_id), 180)
+    events = journal(run_dir)
+    held = {e["session"]: e for e in events if e["event"] == "held"}
+    assert set(held) == {"too-long#0.0", "too-long#1.0"}, held
+    assert {e["state"] for e in held.values()} == {"held_too_long"}
+    assert not [e for e in events if e["event"] == "assigned" and e["session"].startswith("too-long")]
+    assert sorted((r["task"], r["status"]) for r in results(run_dir)) == [(short["id"], "completed")] * 4
+    end = _lives(run_dir)[-1]
+    assert end["outcome"] == "held" and "2 sessions held" in end["why"], end
+    status = _polar(slurm, "status", job_id).stdout
+    assert "held: 2 sessions not started" in status and "stopped (held): 2 sessions held" in status, status
