@@ -4,8 +4,8 @@
 it then cancels in-flight calls, closes the HTTP server and returns. SIGTERM/SIGINT (Slurm signals
 every process of a step at once) does not stop it while its gateway lives: the gateway drains
 through it (closing sessions, collecting their records) and then sends Shutdown; it waits for that
-for at most STAY_SHARE of the stop budget (`procs.stop_budget`), and not at all once the gateway
-that started it is gone. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError before it listens.
+for at most STAY_SHARE of the stop budget (`procs.stop_budget`), and no longer once no session is
+open or the gateway that started it is gone. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError before it listens.
 
 - Start-up: the capture mode warms first (tito: the tokenizer is loaded, from `tokenizer` or the
   engine's folder, logged as "tito: tokenizer ..."), for up to `WARM_S`; only then does the proxy
@@ -214,6 +214,10 @@ class _Proxy:
             self.link.send(self.meter.snapshot())
         self.link.send(wire.SessionClosed(session_id=session_id, n_calls=session.n_calls))
 
+    def holding(self) -> bool:
+        """Whether a session is still open (its gateway has yet to close it and collect its records)."""
+        return bool(self._sessions)
+
     def cancel_calls(self) -> None:
         for session in self._sessions.values():
             for flight in list(session.calls):
@@ -409,13 +413,13 @@ async def _run(opts: ProxyOptions) -> None:
     stop, signalled, gateway_pid = asyncio.Event(), asyncio.Event(), os.getppid()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
-    stay = loop.create_task(_stay_for_gateway(signalled, stop, gateway_pid))
     mode = _capture_mode(opts, router := Router(list(opts.engine_urls), hold_s=opts.engine_wait_s))
     warming = asyncio.create_task(mode.warm())
     await asyncio.wait([warming], timeout=WARM_S)  # before the gateway hears of the proxy
     ctx = zmq.asyncio.Context()
     link = GatewayLink(ctx, opts.gateway, opts.peer_timeout_s)
     proxy = _Proxy(opts, router, mode, link)
+    stay = loop.create_task(_stay_for_gateway(signalled, stop, gateway_pid, proxy))
     runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=5)
     await runner.setup()
     await web.TCPSite(runner, opts.host, opts.port, backlog=BACKLOG).start()
@@ -446,13 +450,15 @@ async def _run(opts: ProxyOptions) -> None:
         log.info("stopped")
 
 
-async def _stay_for_gateway(signalled: asyncio.Event, stop: asyncio.Event, gateway_pid: int) -> None:
-    """After a signal, stop once the gateway has said Shutdown (`stop`), it is gone, or the budget is spent."""
+async def _stay_for_gateway(signalled: asyncio.Event, stop: asyncio.Event, gateway_pid: int, proxy: _Proxy) -> None:
+    """After a signal, stop once the gateway has said Shutdown (`stop`), has closed every session,
+    is gone, or the budget is spent."""
     await signalled.wait()
     budget = procs.stop_budget() * STAY_SHARE
     log.info("signalled: serving the gateway's drain for at most %.1fs", budget)
     deadline = time.monotonic() + budget
-    while not stop.is_set() and os.getppid() == gateway_pid and time.monotonic() < deadline:
+    while (not stop.is_set() and proxy.holding() and os.getppid() == gateway_pid
+           and time.monotonic() < deadline):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.1)
     stop.set()
