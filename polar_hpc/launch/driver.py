@@ -11,15 +11,25 @@ returns 1, so Slurm records the job FAILED, never COMPLETED: every engine step (
 step) used its restarts, the orchestrator exited with sessions left (killed, or stopped by a
 client's Shutdown: `polar-hpc cancel`), or a signal stopped it.
 
-Preemption and time limits: on SIGUSR2 (the job's `--signal`) it stops the orchestrator (which
-journals the sessions in flight as interrupted), stops the steps and asks Slurm to requeue the
-job (then returns 0); on SIGTERM (scancel, `scontrol requeue`) it does the same without the
-requeue. The next life of the job resumes from the journal.
+Stopping: the stop budget B is a third of the cluster's KillWait (`scontrol show config`), or
+`slurm.stop_budget_s`; it is handed to every child (`procs.STOP_BUDGET_ENV`). On a signal the
+handler at once journals `end` (marked `stopping`) and removes `rendezvous.json`; then the
+orchestrator and every step get SIGTERM together, whatever is left after B gets SIGKILL, and the
+final `end` is journaled (`left`, `stopped_in_s`). SIGUSR2 (the job's `--signal`: time limit or
+preemption) ends the life `requeued` and asks Slurm to requeue the job (then returns 0); SIGTERM
+(scancel, `scontrol requeue`, preemption, the time limit) ends it `signal`, "stopped by Slurm:
+SIGTERM". The next life of the job resumes from the journal.
 
-Each life appends to `<run>/journal/driver.jsonl`: `{"event": "start", "job", "restart", "t"}`
-and, unless the driver is killed (a start with no end), `{"event": "end", "outcome", "why",
-"left", "code", "t"}` with outcome finished, gave_up, orchestrator_exited, cancelled, requeued or
-signal; `polar-hpc status` reads it to say what happened. The stale `rendezvous.json` is removed.
+Walltime admission (`admission`): the orchestrator is told (POLAR_ADMIT_UNTIL, POLAR_LIFE_S) by
+when a session must end (the allocation's end less `signal_s` and B) and how long a fresh life
+lasts; when only sessions it held are left, the life ends at once: `requeued` if a fresh life fits
+them and the job may be requeued, else `held`.
+
+Each life appends to `<run>/journal/driver.jsonl`: `{"event": "start", "job", "restart",
+"kill_wait_s", "stop_budget_s", "t"}` and, unless the driver is killed (a start with no end),
+`{"event": "end", "job", "outcome", "why", "left", "code", "stopped_in_s", "t"}` with outcome
+finished, gave_up, orchestrator_exited, cancelled, requeued, held or signal; `polar-hpc status`
+reads it to say what happened. The stale `rendezvous.json` is removed.
 """
 
 from __future__ import annotations
