@@ -11,6 +11,8 @@ EVALUATION_SLACK_S (+ a command evaluator's timeout_s) after it starts, else the
 session `error` at once, with the reason. POSTRUN kills the sandbox's processes (and checks that
 none survives) before the trajectory is written; its files and cgroup are removed after the
 result is sent, still inside the POSTRUN slot.
+A stop (`drain(within_s)`) cancels the sessions not yet in POSTRUN (written `cancelled`), lets
+those in POSTRUN finish, and cuts whatever is still running after `within_s` (unwritten).
 A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
 is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 
