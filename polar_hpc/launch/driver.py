@@ -227,7 +227,7 @@ class _Life:
                     _wait(orchestrator.proc, 30)
                     outcome, why = "finished", "all sessions ended"
                     break
-                held = _only_held(reply)
+                held = {} if topology.service.enabled else _only_held(reply)  # a service run may get more
                 if held:  # nothing runs and nothing else will: no idling until the time limit
                     sock.send(wire.encode(wire.Shutdown(reason="only held sessions left")))
                     _wait(orchestrator.proc, 30)
