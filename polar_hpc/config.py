@@ -131,6 +131,7 @@ class SlurmConfig(_Model):
     requeue: bool = True  # requeue the job on preemption / time limit
     port: int = Field(0, ge=0, le=65535)  # orchestrator TCP port; 0 picks a free one
     step_restarts: int = Field(3, ge=0)  # a failed engine/gateway step is restarted this many times
+    stop_budget_s: float | None = Field(None, gt=0)  # seconds to stop in; None: a third of the cluster's KillWait
     extra_sbatch: list[str] = []  # more job-wide sbatch flags, e.g. ["--mail-type=END"]
 
 

@@ -7,6 +7,10 @@ for it (`wait_ready`).
 Every child runs `python -m polar_hpc ...` with this interpreter (or, with `spawn_command`, any
 command such as SGLang's server), in its own process group, and
 gets SIGTERM if its parent dies (PR_SET_PDEATHSIG), so no process outlives the one that started it.
+
+The stop budget: a process told to stop (SIGTERM, Shutdown) seals what it holds within
+`stop_budget()` seconds, the Slurm driver's budget (a third of the cluster's KillWait, or
+`slurm.stop_budget_s`) handed down to every child in POLAR_STOP_BUDGET_S.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+STOP_BUDGET_ENV = "POLAR_STOP_BUDGET_S"
+DEFAULT_STOP_BUDGET_S = 10.0  # where no budget is handed down (local runs)
 
 
 class ChildFailed(RuntimeError):
@@ -44,6 +50,15 @@ class Child:
         """Raise ChildFailed if the process has exited."""
         if self.proc.poll() is not None:
             raise ChildFailed(f"{self.name} exited with code {self.proc.returncode} (log {self.log}):\n{self.tail()}")
+
+
+def stop_budget(default: float = DEFAULT_STOP_BUDGET_S) -> float:
+    """Seconds this process has to stop once told to: POLAR_STOP_BUDGET_S, else `default`."""
+    try:
+        value = float(os.environ.get(STOP_BUDGET_ENV, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def _die_with_parent() -> None:

@@ -9,7 +9,8 @@ found through `<run>/rendezvous.json` (EngineHello, over CURVE with the run's en
 and on Shutdown from the orchestrator or SIGTERM/SIGINT deregisters (EngineBye) and stops the
 servers (SIGUSR1/SIGUSR2 are trapped and left to the driver). A server that
 exits takes the step down with code 1 (the driver restarts the step); stopping is SIGTERM to each
-server's process group, SIGKILL after a grace. The servers get the run's engine API key in their
+server's process group, SIGKILL after the stop budget (`procs.stop_budget`, else STOP_GRACE_S).
+The servers get the run's engine API key in their
 environment and demand it on every route but /health. Anything else the
 orchestrator sends (a malformed message included) is logged and skipped.
 """
@@ -72,7 +73,7 @@ def run_step(kind: str, run_dir: Path) -> int:
             for i in range(len(servers)):
                 sock.send(wire.encode(wire.EngineBye(engine_id=f"{node}-{i}")))
             sock.close(linger=1000)
-        procs.stop([child for child, _ in servers], grace_s=STOP_GRACE_S)
+        procs.stop([child for child, _ in servers], grace_s=procs.stop_budget(STOP_GRACE_S))
 
 
 def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str, base_env: dict[str, str],

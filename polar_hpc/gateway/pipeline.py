@@ -11,6 +11,8 @@ EVALUATION_SLACK_S (+ a command evaluator's timeout_s) after it starts, else the
 session `error` at once, with the reason. POSTRUN kills the sandbox's processes (and checks that
 none survives) before the trajectory is written; its files and cgroup are removed after the
 result is sent, still inside the POSTRUN slot.
+A stop (`drain(within_s)`) cancels the sessions not yet in POSTRUN (written `cancelled`), lets
+those in POSTRUN finish, and cuts whatever is still running after `within_s` (unwritten).
 A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
 is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 
@@ -103,6 +105,7 @@ class Pipeline:
             "POSTRUN": asyncio.Semaphore(pools.postrun),
         }
         self.sessions: dict[str, asyncio.Task] = {}
+        self._finishing: set[str] = set()  # sessions in POSTRUN: a stop lets them end
         self._draining = False
 
     def assign(self, spec: wire.SessionSpec) -> None:
@@ -117,13 +120,22 @@ class Pipeline:
         if session_id in self.sessions:
             self.sessions[session_id].cancel()
 
-    async def drain(self) -> None:
-        """Cancel every session and wait until each has written its trajectory; from now on no
-        credit is given back and no session is taken."""
+    async def drain(self, within_s: float) -> None:
+        """Cancel every session not yet in POSTRUN and wait, at most `within_s`, until each has
+        written its trajectory (one in POSTRUN finishes its evaluation if it can in that time);
+        what is still running then is cancelled unwritten. From now on no credit is given back and
+        no session is taken."""
         self._draining = True
-        for t in list(self.sessions.values()):
+        for sid, t in list(self.sessions.items()):
+            if sid not in self._finishing:
+                t.cancel()
+        if not self.sessions:
+            return
+        _, late = await asyncio.wait(list(self.sessions.values()), timeout=within_s)
+        for t in late:
+            log.warning("session %s not written within the %.1fs stop budget", t.get_name(), within_s)
             t.cancel()
-        await asyncio.gather(*self.sessions.values(), return_exceptions=True)
+        await asyncio.gather(*late, return_exceptions=True)
 
     async def _session(self, spec: wire.SessionSpec) -> None:
         task = Task.model_validate(spec.task)
@@ -145,7 +157,11 @@ class Pipeline:
                 self._release(stage)
         async with self._stage["POSTRUN"]:
             self._update(sid, "POSTRUN", outcome)
-            await self._postrun(spec, task, sandbox, outcome, t_start)
+            self._finishing.add(sid)
+            try:
+                await self._postrun(spec, task, sandbox, outcome, t_start)
+            finally:
+                self._finishing.discard(sid)
 
     async def _before_postrun(self, spec, task, sandbox, holding, outcome) -> None:
         sid = spec.session_id

@@ -13,6 +13,10 @@ API key (in its environment). Both receive loops survive any message: one with t
 count or undecodable, of a kind the link does not carry, or on the proxy socket from any peer but
 the proxy (known by the secret routing id the gateway gave it, `security.PROXY_LINK_ENV`), is
 logged and dropped.
+Stopping (SIGTERM, Shutdown, a lost peer) fits the stop budget (`procs.stop_budget`): sessions not
+yet in POSTRUN are cancelled and written as such, those in POSTRUN may finish, for at most
+DRAIN_SHARE of the budget (what is left then is cancelled unwritten); then the open shard is
+sealed and only then is the proxy told to stop (it outlives the drain: see proxy.server).
 Its sandboxes' cgroups are its own (`sandbox.Cgroups` of the run): on its exit by any path (Shutdown,
 SIGTERM, a lost peer, an exception) every process in them is killed and they are removed; at its
 start it does the same for those of dead gateways of the same run.
@@ -43,6 +47,7 @@ from polar_hpc.sandbox.cgroups import run_key
 from polar_hpc.shards.writer import ShardWriter
 
 log = logging.getLogger("polar_hpc.gateway")
+DRAIN_SHARE = 0.5  # of the budget, for the sessions to be written; then the shard is sealed
 
 
 @dataclass
@@ -160,6 +165,7 @@ class _Gateway:
         self.meter = metrics.GatewayMeter(opts.gateway_id, m.interval_s) if m.enabled else None
         self.ctx = zmq.asyncio.Context()
         self.stopping = asyncio.Event()
+        self.budget_s = procs.stop_budget()
         self.exit_code = 0
         self.outbox = Outbox()
         self._flushing = False  # a flush of the outbox is scheduled
@@ -217,9 +223,9 @@ class _Gateway:
                 self._to_orchestrator(wire.Credit(n=gw.pools.init))
                 await self.stopping.wait()
         finally:
-            await self.pipeline.drain()
+            await self.pipeline.drain(self.budget_s * DRAIN_SHARE)
             self._flush()
-            self.writer.close()
+            self.writer.close()  # the open shard sealed: what was written is readable without a resume
             if self.proxy.identity is not None:
                 self.proxy.send(wire.Shutdown(reason="gateway stopping"))
             for t in loops:

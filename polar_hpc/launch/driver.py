@@ -11,27 +11,39 @@ returns 1, so Slurm records the job FAILED, never COMPLETED: every engine step (
 step) used its restarts, the orchestrator exited with sessions left (killed, or stopped by a
 client's Shutdown: `polar-hpc cancel`), or a signal stopped it.
 
-Preemption and time limits: on SIGUSR2 (the job's `--signal`) it stops the orchestrator (which
-journals the sessions in flight as interrupted), stops the steps and asks Slurm to requeue the
-job (then returns 0); on SIGTERM (scancel, `scontrol requeue`) it does the same without the
-requeue. The next life of the job resumes from the journal.
+Stopping: the stop budget B is a third of the cluster's KillWait (`scontrol show config`), or
+`slurm.stop_budget_s`; it is handed to every child (`procs.STOP_BUDGET_ENV`). On a signal the
+handler at once journals `end` (marked `stopping`) and removes `rendezvous.json`; then the
+orchestrator and every step get SIGTERM together, whatever is left after B gets SIGKILL, and the
+final `end` is journaled (`left`, `stopped_in_s`). SIGUSR2 (the job's `--signal`: time limit or
+preemption) ends the life `requeued` and asks Slurm to requeue the job (then returns 0); SIGTERM
+(scancel, `scontrol requeue`, preemption, the time limit) ends it `signal`, "stopped by Slurm:
+SIGTERM". The next life of the job resumes from the journal.
 
-Each life appends to `<run>/journal/driver.jsonl`: `{"event": "start", "job", "restart", "t"}`
-and, unless the driver is killed (a start with no end), `{"event": "end", "outcome", "why",
-"left", "code", "t"}` with outcome finished, gave_up, orchestrator_exited, cancelled, requeued or
-signal; `polar-hpc status` reads it to say what happened. The stale `rendezvous.json` is removed.
+Walltime admission (`admission`): the orchestrator is told (POLAR_ADMIT_UNTIL, POLAR_LIFE_S) by
+when a session must end (the allocation's end less `signal_s` and B) and how long a fresh life
+lasts; when only sessions it held are left, the life ends at once: `requeued` if a fresh life fits
+them and the job may be requeued, else `held`.
+
+Each life appends to `<run>/journal/driver.jsonl`: `{"event": "start", "job", "restart",
+"kill_wait_s", "stop_budget_s", "t"}` and, unless the driver is killed (a start with no end),
+`{"event": "end", "job", "outcome", "why", "left", "code", "stopped_in_s", "t"}` with outcome
+finished, gave_up, orchestrator_exited, cancelled, requeued, held or signal; `polar-hpc status`
+reads it to say what happened. The stale `rendezvous.json` is removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import zmq
@@ -40,7 +52,9 @@ from polar_hpc import procs, security, wire
 from polar_hpc.config import load_topology
 from polar_hpc.launch.rundir import record_job
 from polar_hpc.orchestrator.journal import progress
+from polar_hpc.orchestrator.sessions import ADMIT_UNTIL_ENV, FINAL, HELD, LIFE_ENV
 
+KILL_WAIT_DEFAULT_S = 30.0  # Slurm's default KillWait
 _GPU_ENV = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
@@ -73,8 +87,15 @@ def drive(run_dir: Path) -> int:
     run_dir = Path(run_dir)
     topology = load_topology(run_dir / "topology.yaml")
     signals: list[int] = []
+    life: _Life | None = None
+
+    def on_signal(signum: int, _frame) -> None:
+        signals.append(signum)
+        if life is not None:
+            life.signalled()  # its first word at once, whatever the main loop is waiting on
+
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda signum, _frame: signals.append(signum))
+        signal.signal(sig, on_signal)
     job = os.environ.get("SLURM_JOB_ID")
     if job:
         try:
@@ -82,69 +103,186 @@ def drive(run_dir: Path) -> int:
         except OSError as e:  # e.g. a read-only home on the compute node: status RUN_DIR still works
             print(f"cannot record job {job}: {e}", flush=True)
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
-    _record(run_dir, "start", job=job, restart=restart)
-    outcome, why = "error", "the driver failed"
+    kill_wait = kill_wait_s()
+    budget = topology.slurm.stop_budget_s or kill_wait / 3
+    os.environ[procs.STOP_BUDGET_ENV] = f"{budget:g}"  # handed down to the orchestrator and every step
+    os.environ.update(admission(job, topology.slurm.signal_s + budget))
+    _record(run_dir, "start", job=job, restart=restart, kill_wait_s=kill_wait, stop_budget_s=round(budget, 3))
+    life = _Life(run_dir, topology, signals, budget, job)
     try:
-        outcome, why = _life(run_dir, topology, signals, restart, topology.slurm.requeue and bool(job))
+        life.run(restart)
     except BaseException as e:
-        why = f"the driver failed: {e!r} (its traceback: the job's output)"
+        life.why = f"the driver failed: {e!r} (its traceback: the job's output)"
         raise
     finally:
-        code = 0 if outcome in ("finished", "requeued") else 1
-        _record(run_dir, "end", outcome=outcome, why=why, left=progress(run_dir).left, code=code)
-    if outcome == "requeued" and job:  # requeued: only a Slurm job is
+        code = 0 if life.outcome in ("finished", "requeued") else 1
+        _record(run_dir, "end", job=job, outcome=life.outcome, why=life.why, left=progress(run_dir).left,
+                code=code, stopped_in_s=life.stopped_in_s())
+    if life.outcome == "requeued" and job:  # requeued: only a Slurm job is
         subprocess.run(["scontrol", "requeue", job], check=False)
     return code
 
 
-def _life(run_dir: Path, topology, signals: list[int], restart: str, requeue: bool) -> tuple[str, str]:
-    """One life of the job, until the run ends or a signal comes: (outcome, why)."""
-    started = time.time()
-    (run_dir / "rendezvous.json").unlink(missing_ok=True)  # a previous life's endpoint
-    host = socket.gethostname()
-    args = ["orchestrator", "--run-dir", str(run_dir), "--host", "0.0.0.0", "--advertise", host]
-    orchestrator = procs.spawn("orchestrator", args + ["--port", str(topology.slurm.port)],
-                               run_dir / "logs" / "orchestrator.log")
-    steps: list[_Step] = []
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    outcome, why = "", ""
+def kill_wait_s() -> float:
+    """The cluster's KillWait (seconds between Slurm's SIGTERM and its SIGKILL); Slurm's default, 30,
+    where `scontrol show config` does not say."""
     try:
-        endpoint = procs.wait_ready(orchestrator, run_dir / "rendezvous.json")["endpoint"]
-        print(f"orchestrator at {endpoint}; restart {restart}", flush=True)
-        steps = _steps(run_dir, topology, endpoint)
-        security.secure_client(sock, run_dir, security.ADMIN)
-        sock.connect(endpoint)
-        while not signals:
-            if orchestrator.proc.poll() is not None:
-                outcome, why = _orchestrator_exit(run_dir, orchestrator.proc.returncode, started)
-                break
-            _supervise(steps, topology.slurm.step_restarts)
-            for kind in ("engine", "gateway"):
-                if all(s.due == float("inf") for s in steps if s.name.startswith(kind)):
-                    outcome, why = "gave_up", f"every {kind} step failed {topology.slurm.step_restarts + 1} times"
-            if outcome:
-                break
-            if _finished(sock):
-                sock.send(wire.encode(wire.Shutdown(reason="all sessions ended")))
-                _wait(orchestrator.proc, 30)
-                outcome, why = "finished", "all sessions ended"
-                break
-            time.sleep(0.5)
-        if signals:
-            outcome = "requeued" if requeue and signals[0] == signal.SIGUSR2 else "signal"
-            why = f"got signal {signals[0]} ({signal.Signals(signals[0]).name})"
-        if outcome != "finished":
-            print(f"{why}: {'giving up' if outcome == 'gave_up' else 'stopping'} ({outcome}); "
-                  "a next life of the job resumes from the journal", flush=True)
-        return outcome, why
-    finally:
-        procs.stop([orchestrator], grace_s=10)
-        running = [s.child for s in steps if s.child is not None]
-        for child in running if not signals else []:  # after Shutdown the steps exit on their own
-            _wait(child.proc, 15)
-        procs.stop(running, grace_s=20)
-        sock.close(linger=0)
-        (run_dir / "rendezvous.json").unlink(missing_ok=True)
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return KILL_WAIT_DEFAULT_S
+    found = re.search(r"^KillWait\s*=\s*(\d+)", out, re.MULTILINE)
+    return float(found.group(1)) if found else KILL_WAIT_DEFAULT_S
+
+
+def admission(job: str | None, margin_s: float) -> dict[str, str]:
+    """The orchestrator's walltime admission: sessions must end `margin_s` (the job's --signal lead
+    and the stop budget) before the allocation does, and how long a fresh life offers; from
+    SLURM_JOB_END_TIME, else squeue's end time and time limit. Nothing where Slurm does not say."""
+    if not job:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%e|%l"], capture_output=True, text=True,
+                             timeout=30).stdout.split()
+    except (OSError, subprocess.TimeoutExpired):
+        out = []
+    end_text, _, limit_text = (out[0] if out else "").partition("|")
+    env = {}
+    end = os.environ.get("SLURM_JOB_END_TIME") or _epoch(end_text)
+    if end:
+        env[ADMIT_UNTIL_ENV] = f"{float(end) - margin_s:.3f}"
+    limit = slurm_seconds(limit_text)
+    if limit is not None:
+        env[LIFE_ENV] = f"{limit - margin_s:.3f}"
+    return env
+
+
+def _epoch(text: str) -> str | None:
+    """squeue's local ISO time as unix time; None for N/A, Unknown and the like."""
+    try:
+        return str(datetime.fromisoformat(text).timestamp())
+    except ValueError:
+        return None
+
+
+def slurm_seconds(text: str) -> float | None:
+    """A Slurm duration (minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]])
+    in seconds; None for UNLIMITED or anything else."""
+    days, dash, rest = text.partition("-")
+    if not dash:
+        days, rest = "0", text
+    parts = rest.split(":")
+    if not (days.isdigit() and 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts)):
+        return None
+    n = [int(p) for p in parts]
+    if dash:
+        n += [0] * (3 - len(n))
+    elif len(n) < 3:
+        n = [0, n[0], 0] if len(n) == 1 else [0, *n]
+    return float(int(days) * 86400 + n[0] * 3600 + n[1] * 60 + n[2])
+
+
+class _Life:
+    """One life of the job, until the run ends or a signal comes; `outcome` and `why` say how it ended."""
+
+    def __init__(self, run_dir: Path, topology, signals: list[int], budget_s: float, job: str | None) -> None:
+        self.run_dir, self.topology, self.signals, self.budget_s = run_dir, topology, signals, budget_s
+        self.job, self.requeue = job, topology.slurm.requeue and bool(job)
+        self.outcome, self.why = "error", "the driver failed"
+        self.ended = False  # the run ended by itself: a later signal changes nothing
+        self.stopping_since: float | None = None  # monotonic time a signal was first seen
+
+    def stopped_in_s(self) -> float | None:
+        return None if self.stopping_since is None else round(time.monotonic() - self.stopping_since, 3)
+
+    def run(self, restart: str) -> None:
+        run_dir, topology, signals = self.run_dir, self.topology, self.signals
+        started = time.time()
+        (run_dir / "rendezvous.json").unlink(missing_ok=True)  # a previous life's endpoint
+        host = socket.gethostname()
+        args = ["orchestrator", "--run-dir", str(run_dir), "--host", "0.0.0.0", "--advertise", host]
+        orchestrator = procs.spawn("orchestrator", args + ["--port", str(topology.slurm.port)],
+                                   run_dir / "logs" / "orchestrator.log")
+        steps: list[_Step] = []
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        outcome, why = "", ""
+        try:
+            endpoint = procs.wait_ready(orchestrator, run_dir / "rendezvous.json")["endpoint"]
+            print(f"orchestrator at {endpoint}; restart {restart}; stop budget {self.budget_s:g}s", flush=True)
+            steps = _steps(run_dir, topology, endpoint)
+            security.secure_client(sock, run_dir, security.ADMIN)
+            sock.connect(endpoint)
+            while not signals:
+                if orchestrator.proc.poll() is not None:
+                    outcome, why = _orchestrator_exit(run_dir, orchestrator.proc.returncode, started)
+                    break
+                _supervise(steps, topology.slurm.step_restarts)
+                for kind in ("engine", "gateway"):
+                    if all(s.due == float("inf") for s in steps if s.name.startswith(kind)):
+                        outcome, why = "gave_up", f"every {kind} step failed {topology.slurm.step_restarts + 1} times"
+                if outcome:
+                    break
+                reply = _status(sock)
+                if reply is not None and reply.done:
+                    sock.send(wire.encode(wire.Shutdown(reason="all sessions ended")))
+                    _wait(orchestrator.proc, 30)
+                    outcome, why = "finished", "all sessions ended"
+                    break
+                held = {} if topology.service.enabled else _only_held(reply)  # a service run may get more
+                if held:  # nothing runs and nothing else will: no idling until the time limit
+                    sock.send(wire.encode(wire.Shutdown(reason="only held sessions left")))
+                    _wait(orchestrator.proc, 30)
+                    outcome, why = self._held(held)
+                    break
+                time.sleep(0.5)
+            if not outcome:  # a signal
+                return
+            self.ended = True
+            self.outcome, self.why = outcome, why
+            if outcome != "finished":
+                print(f"{why}: {'giving up' if outcome == 'gave_up' else 'stopping'} ({outcome}); "
+                      "a next life of the job resumes from the journal", flush=True)
+        finally:
+            running = [s.child for s in steps if s.child is not None]
+            if signals:  # everyone at once, within the budget: nobody waits for another to go first
+                self.signalled()
+                procs.stop([orchestrator, *running], grace_s=self.budget_s)
+            else:
+                procs.stop([orchestrator], grace_s=10)
+                for child in running:  # after Shutdown the steps exit on their own
+                    _wait(child.proc, 15)
+                procs.stop(running, grace_s=20)
+            sock.close(linger=0)
+            (run_dir / "rendezvous.json").unlink(missing_ok=True)
+
+    def _held(self, held: dict[str, int]) -> tuple[str, str]:
+        """How a life with only held sessions left ends: requeued when a fresh life fits them all."""
+        n = sum(held.values())
+        if "held_too_long" in held:
+            return "held", (f"{n} sessions held: {held['held_too_long']} have a timeout_s longer than the job's "
+                            "time limit allows (resume with a longer slurm.time)")
+        if self.requeue:
+            return "requeued", f"{n} sessions held: they cannot end before this allocation does; the next life runs them"
+        return "held", f"{n} sessions held: they cannot end before this allocation does (polar-hpc resume runs them)"
+
+    def signalled(self) -> None:
+        """The first word on a signal, before anything is stopped: `end` journaled (updated once the
+        processes are down) and the endpoint withdrawn. Called from the signal handler."""
+        if self.stopping_since is not None or self.ended or not self.signals:
+            return
+        self.stopping_since = time.monotonic()
+        first = self.signals[0]
+        name = signal.Signals(first).name
+        if self.requeue and first == signal.SIGUSR2:
+            self.outcome, self.why = "requeued", f"stopped by Slurm: {name} (the job's --signal: time limit or preemption)"
+        else:
+            self.outcome = "signal"
+            self.why = f"stopped by Slurm: {name}" if first != signal.SIGINT else f"stopped: {name}"
+        print(f"got signal {first} ({name}): stopping within {self.budget_s:g}s ({self.outcome}); "
+              "a next life of the job resumes from the journal", flush=True)
+        (self.run_dir / "rendezvous.json").unlink(missing_ok=True)
+        code = 0 if self.outcome == "requeued" else 1
+        _record(self.run_dir, "end", job=self.job, outcome=self.outcome, why=self.why, left=None, code=code,
+                stopping=True)
 
 
 def _orchestrator_exit(run_dir: Path, returncode: int, started: float) -> tuple[str, str]:
@@ -197,12 +335,20 @@ def _supervise(steps: list[_Step], max_restarts: int) -> None:
             step.child = procs.spawn_command(step.name, step.argv, step.log, step.env)
 
 
-def _finished(sock: zmq.Socket) -> bool:
+def _status(sock: zmq.Socket) -> wire.StatusReply | None:
     sock.send(wire.encode(wire.StatusRequest()))
     if not sock.poll(1000):
-        return False
+        return None
     reply = wire.decode(sock.recv())
-    return isinstance(reply, wire.StatusReply) and reply.done
+    return reply if isinstance(reply, wire.StatusReply) else None
+
+
+def _only_held(reply: wire.StatusReply | None) -> dict[str, int]:
+    """The held sessions by state when nothing else is left to run; empty otherwise."""
+    if reply is None:
+        return {}
+    left = {state: n for state, n in reply.states.items() if n and state not in FINAL}
+    return left if left and set(left) <= set(HELD) else {}
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> None:

@@ -6,8 +6,11 @@ orchestrator (over CURVE with the run's keys) for the engines and gateways (up, 
 by state, throughput and ETA, and where its Prometheus /metrics is. When it cannot be reached it
 tells the run's story from the files: sessions ended (by status) and never ended, from the
 journal; why the last life of the job stopped, from `<run>/journal/driver.jsonl` (a start with no
-end: the driver was killed); and, for a run whose job has ended with sessions left, the command that resumes it. Cancel asks the
-orchestrator to shut the run down cleanly (gateways write what they hold, the driver exits) and
+end: the driver was killed; an end still marked `stopping`: it was killed while its processes
+stopped), with Slurm's word on who stopped it (scancel, preemption, time limit; a requeued job is
+queued again); and, for a run whose job has ended with sessions left, the command that resumes it.
+Cancel of a job not started yet (pending, requeued) is `scancel` at once; of a running job it asks
+the orchestrator to shut the run down cleanly (gateways write what they hold, the driver exits) and
 falls back to `scancel`; a job that has already ended is said to be so at once.
 `status --watch` is a live terminal view read from the run dir (polar_hpc.observe.RunReader):
 progress and ETA, sessions by stage, rewards per task, tokens, the commonest errors; it refreshes
@@ -32,7 +35,8 @@ from polar_hpc import security, wire
 from polar_hpc.launch.rundir import resolve
 from polar_hpc.launch.slurm import ACTIVE, job_state
 from polar_hpc.observe.run import RunReader
-from polar_hpc.orchestrator.journal import progress, read_jsonl
+from polar_hpc.config import load_topology
+from polar_hpc.orchestrator.journal import Progress, progress, read_jsonl
 
 
 def ask(run_dir: Path, msg: wire.Message, timeout_s: float = 3.0) -> wire.AnyMessage | None:
@@ -76,6 +80,8 @@ def show(target: str, console: Console) -> None:
     if reply.versions_in_flight:
         console.print(f"weight versions in flight: {_states(reply.versions_in_flight)}")
     console.print(f"throughput {reply.sessions_per_s * 60:.1f} sessions/min, ETA {eta}, tokens {reply.tokens}")
+    for line in waste(run_dir, progress(run_dir)):
+        console.print(escape(line), soft_wrap=True)
     url = json.loads((run_dir / "rendezvous.json").read_text()).get("metrics_url")
     if url:
         console.print(f"Prometheus: {url} (its bearer token: metrics_token in {run_dir / 'rendezvous.json'})")
@@ -121,11 +127,13 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
     """What happened to a run whose orchestrator does not answer, from its files."""
     p = progress(run_dir)
     lines = [f"orchestrator not reachable; from the journal: {sum(p.ended.values())} of {p.total} sessions "
-             f"ended ({_states(dict(p.ended))}), {p.left} never ended"]
+             f"ended ({_states(dict(p.ended))}), {p.left} never ended"] + waste(run_dir, p)
     lives = read_jsonl(run_dir / "journal" / "driver.jsonl")
     last = lives[-1] if lives else None
     if state in ACTIVE:
         lines.append(f"the job is {state}: its orchestrator is not up (yet); it continues from the journal")
+        if last is not None and last.get("event") == "end" and last.get("job") == job_id and state != "RUNNING":
+            lines.append(f"requeued: its last life {_ended(last)}")
         return lines
     if last is None:
         lines.append("no driver has started for this run")
@@ -135,11 +143,43 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
     elif last.get("outcome") == "finished":
         lines.append(f"finished: {last.get('why')}")
     else:
-        lines.append(f"stopped ({last.get('outcome')}): {last.get('why')}")
+        lines.append(_ended(last) + (f" ({_BY_SLURM[state]})" if state in _BY_SLURM else ""))
     if p.left and job_id is not None:
         lines.append(f"resume: polar-hpc resume {job_id}   (a new job; what ended is not redone; "
                      f"or `scontrol requeue {job_id}` while Slurm still lists the job)")
     return lines
+
+
+def waste(run_dir: Path, p: Progress) -> list[str]:
+    """Sessions held by walltime admission, and the GPU time lost to attempts a stop cut short: their
+    seconds since dispatch times the run's GPUs per session slot (the share of the engines each had)."""
+    lines = []
+    if p.held:
+        lines.append(f"held: {p.held} sessions not started, their timeout_s cannot end before the allocation does")
+    if p.cut:
+        topology = load_topology(run_dir / "topology.yaml")
+        gpu = topology.slurm.gpu
+        count = gpu.gres.rpartition(":")[2] if gpu.gres else ""  # --gres=gpu[:type]:N
+        gpus = gpu.nodes * (int(count) if count.isdigit() else gpu.gpus)
+        slots = topology.slurm.cpu.nodes * topology.gateway.pools.run
+        lines.append(f"cut by stops: {p.cut} sessions, {p.cut_s:.0f} session-seconds, wasted "
+                     f"{p.cut_s * gpus / max(1, slots):.0f} GPU-seconds ({gpus} GPUs / {slots} session slots)")
+    return lines
+
+
+_NOT_STARTED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING")  # no driver runs
+_BY_SLURM = {"CANCELLED": "scancel", "PREEMPTED": "preempted", "TIMEOUT": "time limit", "NODE_FAIL": "node failure"}
+
+
+def _ended(end: dict) -> str:
+    """A life's `end` record in words; one written as the stop began (`stopping`) and never updated
+    means the driver was killed while its processes stopped."""
+    words = f"stopped ({end.get('outcome')}): {end.get('why')}"
+    if end.get("stopping"):
+        words += "; killed before every process was down (more than KillWait)"
+    elif end.get("stopped_in_s") is not None:
+        words += f"; every process down in {end['stopped_in_s']:.1f}s"
+    return words
 
 
 def _states(states: dict[str, int]) -> str:
@@ -156,6 +196,10 @@ def cancel(target: str, console: Console, wait_s: float = 60.0) -> None:
         if state not in ACTIVE:
             console.print(f"job {job_id} has already ended ({state}{f', exit code {code}' if code else ''}); "
                           "nothing to cancel")
+            return
+        if state in _NOT_STARTED:  # no orchestrator to ask: it must not start
+            subprocess.run(["scancel", job_id], check=False)
+            console.print(f"job {job_id} was {state}: scancel sent, it will not start")
             return
     ask(run_dir, wire.Shutdown(reason="polar-hpc cancel"))
     console.print(f"asked the orchestrator of {run_dir} to stop")

@@ -6,7 +6,7 @@ orchestrator handles one batch of messages and are written (`flush`, one write t
 any message leaves it: whatever a peer was told is in the file first, so a crash of the process
 loses nothing acknowledged. It is the record
 a requeued job resumes from and the audit trail of every attempt. Events: queued, gateway_up,
-assigned, state, result, gateway_lost, requeued. There is at most one `result` per (task, sample):
+assigned, state, result, gateway_lost, requeued, interrupted, held. There is at most one `result` per (task, sample):
 `{"event": "result", "session", "task", "sample", "attempt", "status", "reward", "shard"}` names the
 attempt that counts; any other trajectory a gateway wrote for that key is a stray duplicate.
 A `cancelled` result only counts when the session was cancelled on purpose; a session cut short
@@ -20,7 +20,8 @@ then a shard record of an assigned attempt, not requeued, whose status is comple
 timeout becomes that key's `result` (with `"adopted": true`), so it is neither run again nor
 duplicated. A service run also journals each
 task a trainer added (`submitted`, with its batch) and `drain`; `service_events` reads them back.
-`progress` counts sessions and results for `polar-hpc status` and the Slurm driver; `read_jsonl`
+`progress` counts sessions and results for `polar-hpc status` and the Slurm driver (with the
+sessions held by walltime admission, and the attempts a stop cut short and how long they had run); `read_jsonl`
 reads any such log (the driver's `journal/driver.jsonl` too).
 """
 
@@ -138,6 +139,9 @@ class Progress:
     total: int = 0
     ended: Counter = field(default_factory=Counter)  # status -> (task, sample) keys with a result
     shutdown: dict | None = None  # the last `shutdown` event (a client, e.g. `polar-hpc cancel`)
+    held: int = 0  # (task, sample) keys held by walltime admission and not run since
+    cut: int = 0  # attempts cut short by a stop (`interrupted`)
+    cut_s: float = 0.0  # the seconds those attempts had run since their dispatch
 
     @property
     def left(self) -> int:
@@ -147,16 +151,29 @@ class Progress:
 def progress(run_dir: Path) -> Progress:
     keys: set[tuple[str, int]] = set()
     done: FirstResults[str] = FirstResults()
+    held: set[tuple[str, int]] = set()
+    dispatched: dict[str, float] = {}  # session -> when it was assigned
     p = Progress()
     for event in _events(run_dir):
         key = _key(event.get("session", ""))
+        kind = event.get("event")
         if key is not None:
             keys.add(key[:2])
-            if event.get("event") == "result":
+            if kind == "result":
                 done.offer(key[:2], event.get("status", "?"))
-        elif event.get("event") == "shutdown":
+            if kind == "held":
+                held.add(key[:2])
+            elif kind in ("assigned", "result"):
+                held.discard(key[:2])
+            if kind == "assigned":
+                dispatched[event["session"]] = event.get("t", 0.0)
+            elif kind == "interrupted" and event["session"] in dispatched:
+                p.cut += 1
+                p.cut_s += max(0.0, event.get("t", 0.0) - dispatched.pop(event["session"]))
+        elif kind == "shutdown":
             p.shutdown = event
-    p.total, p.ended = max(len(keys), task_file_sessions(run_dir / "tasks.jsonl")), Counter(done.values())
+    p.total, p.ended, p.held = (max(len(keys), task_file_sessions(run_dir / "tasks.jsonl")), Counter(done.values()),
+                                len(held))
     return p
 
 

@@ -9,7 +9,8 @@ the gateway running it; from any other peer it is refused and logged. The first 
 than its batch allows; a `cancelled` result nobody asked for (its gateway stopped under it) is journaled
 `interrupted` and the session runs again. A lost gateway's sessions go back to the front of the
 queue as new attempts (`lose`), offered at once to every gateway with credit. Sessions cancelled on
-purpose while running are asked of their gateway (`cancel_running`).
+purpose while running are asked of their gateway (`cancel_running`). A session the allocation's
+end leaves no time for is not dispatched but journaled `held` (SessionTable: walltime admission).
 """
 
 from __future__ import annotations
@@ -135,6 +136,11 @@ class Scheduler:
 
     def _dispatch(self, identity: bytes, gw: Gateway) -> None:
         specs = self.table.take(identity, gw.credit)
+        if self.table.newly_held:
+            self.journal.write_many("held", ({"session": s.session_id, "timeout_s": s.task.timeout_s,
+                                              "until": self.table.admit_until, "state": s.state}
+                                             for s in self.table.newly_held))
+            self.table.newly_held.clear()
         if not specs:
             return
         gw.credit -= len(specs)

@@ -17,7 +17,8 @@ from gateway keys only) unless the topology turns metrics off.
 
 When the journal already holds an earlier life of the run (a requeued job), it resumes: finished
 (task, sample) keys are not redone, the others run again as new attempts; a resumed service run
-queues again what trainers had added. On SIGTERM it marks the sessions in flight `interrupted` in
+queues again what trainers had added. In a Slurm job it admits by walltime: the driver's
+POLAR_ADMIT_UNTIL and POLAR_LIFE_S (sessions.SessionTable). On SIGTERM it marks the sessions in flight `interrupted` in
 the journal, stops the gateways and engines and exits. A client's Shutdown does the same.
 """
 
@@ -43,7 +44,7 @@ from polar_hpc.orchestrator.liveness import Watch
 from polar_hpc.orchestrator.peers import Refusals, Route
 from polar_hpc.orchestrator.registry import Registry
 from polar_hpc.orchestrator.scheduling import Scheduler
-from polar_hpc.orchestrator.sessions import FINAL, SessionTable
+from polar_hpc.orchestrator.sessions import ADMIT_UNTIL_ENV, FINAL, HELD, LIFE_ENV, SessionTable
 
 log = logging.getLogger("polar_hpc.orchestrator")
 
@@ -59,6 +60,13 @@ def serve(run_dir: Path, host: str = "127.0.0.1", port: int = 0, advertise: str 
         return await Orchestrator(run_dir, host, port, advertise, engine_urls).run()
 
     return asyncio.run(main())
+
+
+def _env_float(name: str) -> float | None:
+    try:
+        return float(os.environ[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def _loopback(host: str) -> bool:
@@ -92,6 +100,7 @@ class Orchestrator:
         self.done, attempts = replay(run_dir)
         self.resumed = bool(attempts)
         table, batches, draining = _sessions(run_dir, self.service.enabled, self.done, attempts)
+        table.admit_until, table.life_s = _env_float(ADMIT_UNTIL_ENV), _env_float(LIFE_ENV)
         self.journal = Journal(run_dir)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -143,7 +152,7 @@ class Orchestrator:
         tasks = [asyncio.create_task(self._recv()), asyncio.create_task(self._tick())]
         await self.stopping.wait()
         for s in table.sessions.values():
-            if s.state not in FINAL and s.state != "queued":
+            if s.state not in FINAL and s.state not in ("queued", *HELD):
                 self.journal.write("interrupted", session=s.session_id, reason="orchestrator stopping")
         for identity in self.watch.members():
             self.send(identity, wire.Shutdown(reason="run finished"))  # the journal is written first

@@ -7,6 +7,10 @@ Every change of state goes through the table, which keeps the counts `status` an
 by state, rewards, tokens) as it goes, so a status costs the same for ten sessions or a million.
 A key's result is the first its live attempt sends (`results`, shards.decisions.FirstResults): a
 session in a final state takes no other, and an attempt requeued since is no longer in the table.
+Walltime admission: with `admit_until` (the unix time by which a session must end: the Slurm
+driver's, from the allocation's end) a queued session whose `timeout_s` would end later is not
+dispatched but `held` (`held_too_long` when it would not fit even a fresh life of `life_s`
+seconds); held sessions stay unfinished, for the next life of the job, and are listed in `newly_held`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from polar_hpc.config import Task
 from polar_hpc.shards.decisions import FirstResults
 
 FINAL = ("completed", "error", "timeout", "cancelled")
+HELD = ("held", "held_too_long")  # not started: the allocation ends before the session could
+ADMIT_UNTIL_ENV = "POLAR_ADMIT_UNTIL"  # unix time by which a dispatched session must end (the driver sets it)
+LIFE_ENV = "POLAR_LIFE_S"  # how long a fresh life of the job can run sessions
 
 
 @dataclass
@@ -45,6 +52,9 @@ class SessionTable:
     results: FirstResults[wire.Result] = field(default_factory=FirstResults)  # (task, sample) -> the result that counts
     _rewards: list[float] = field(default_factory=lambda: [0.0, 0])  # sum and count of the rewards
     _tokens: int = 0
+    admit_until: float | None = None
+    life_s: float | None = None
+    newly_held: list[Session] = field(default_factory=list)  # held by `take` since the caller last looked
 
     @classmethod
     def from_tasks(cls, tasks: list[Task], done: dict | None = None, attempts: dict | None = None) -> "SessionTable":
@@ -93,6 +103,11 @@ class SessionTable:
         now = time.time()
         while self.queue and len(specs) < n:
             s = self.queue.popleft()
+            if self.admit_until is not None and now + s.task.timeout_s > self.admit_until:
+                too_long = self.life_s is not None and s.task.timeout_s > self.life_s
+                self._move(s, "held_too_long" if too_long else "held")
+                self.newly_held.append(s)
+                continue
             s.state, s.gateway = "assigned", gateway
             task = self._dumped.get(s.task.id)
             if task is None:  # dumped and encoded once per task, not per session

@@ -1,8 +1,11 @@
 """The proxy process: one uvloop event loop serving harnesses over HTTP, linked to its gateway by ZMQ.
 
-`serve(ProxyOptions)` blocks until the gateway sends Shutdown, stays silent for `peer_timeout_s`,
-or the process gets SIGTERM/SIGINT; it then cancels in-flight calls, closes the HTTP server and
-returns. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError before it listens.
+`serve(ProxyOptions)` blocks until the gateway sends Shutdown or stays silent for `peer_timeout_s`;
+it then cancels in-flight calls, closes the HTTP server and returns. SIGTERM/SIGINT (Slurm signals
+every process of a step at once) does not stop it while its gateway lives: the gateway drains
+through it (closing sessions, collecting their records) and then sends Shutdown; it waits for that
+for at most STAY_SHARE of the stop budget (`procs.stop_budget`), and no longer once no session is
+open or the gateway that started it is gone. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError before it listens.
 
 - Start-up: the capture mode warms first (tito: the tokenizer is loaded, from `tokenizer` or the
   engine's folder, logged as "tito: tokenizer ..."), for up to `WARM_S`; only then does the proxy
@@ -51,6 +54,7 @@ import contextlib
 import functools
 import gc
 import logging
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -81,6 +85,7 @@ _DRAIN, _DRAIN_S = 4, 10.0  # a refused body is discarded up to 4 times max_body
 _NO_ENGINE_HEADERS = {**aborted.RETRY_HEADERS, "Retry-After": "10"}  # an engine restarts slowly
 BACKLOG = 2048  # connections the kernel queues before the proxy accepts them (uvicorn's; aiohttp's is 128)
 GC_YOUNG = 50_000  # container allocations between young collections (Python's default: 700)
+STAY_SHARE = 0.8  # of the stop budget: how long a signalled proxy waits for its gateway's Shutdown
 WARM_S = 5.0  # how long ProxyHello waits for the tokenizer (an engine slow to answer: the first call loads it)
 
 
@@ -208,6 +213,10 @@ class _Proxy:
         if self.meter is not None and self.meter.ended():  # before SessionClosed: it reaches the orchestrator first
             self.link.send(self.meter.snapshot())
         self.link.send(wire.SessionClosed(session_id=session_id, n_calls=session.n_calls))
+
+    def holding(self) -> bool:
+        """Whether a session is still open (its gateway has yet to close it and collect its records)."""
+        return bool(self._sessions)
 
     def cancel_calls(self) -> None:
         for session in self._sessions.values():
@@ -401,15 +410,16 @@ def _capture_mode(opts: ProxyOptions, router: Router):
 
 async def _run(opts: ProxyOptions) -> None:
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop, signalled, gateway_pid = asyncio.Event(), asyncio.Event(), os.getppid()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled.set)
     mode = _capture_mode(opts, router := Router(list(opts.engine_urls), hold_s=opts.engine_wait_s))
     warming = asyncio.create_task(mode.warm())
     await asyncio.wait([warming], timeout=WARM_S)  # before the gateway hears of the proxy
     ctx = zmq.asyncio.Context()
     link = ProxyLinkDealer(ctx, opts.gateway, opts.peer_timeout_s)
     proxy = _Proxy(opts, router, mode, link)
+    stay = loop.create_task(_stay_for_gateway(signalled, stop, gateway_pid, proxy))
     runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=5)
     await runner.setup()
     await web.TCPSite(runner, opts.host, opts.port, backlog=BACKLOG).start()
@@ -431,13 +441,27 @@ async def _run(opts: ProxyOptions) -> None:
     finally:
         proxy.cancel_calls()
         await runner.cleanup()
-        for task in [*tasks, warming]:
+        for task in [*tasks, warming, stay]:
             task.cancel()
-        await asyncio.gather(*tasks, warming, return_exceptions=True)
+        await asyncio.gather(*tasks, warming, stay, return_exceptions=True)
         link.close()
         await router.close()
         ctx.term()
         log.info("stopped")
+
+
+async def _stay_for_gateway(signalled: asyncio.Event, stop: asyncio.Event, gateway_pid: int, proxy: _Proxy) -> None:
+    """After a signal, stop once the gateway has said Shutdown (`stop`), has closed every session,
+    is gone, or the budget is spent."""
+    await signalled.wait()
+    budget = procs.stop_budget() * STAY_SHARE
+    log.info("signalled: serving the gateway's drain for at most %.1fs", budget)
+    deadline = time.monotonic() + budget
+    while (not stop.is_set() and proxy.holding() and os.getppid() == gateway_pid
+           and time.monotonic() < deadline):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.1)
+    stop.set()
 
 
 def _stop_on_end(task: asyncio.Task, stop: asyncio.Event) -> None:

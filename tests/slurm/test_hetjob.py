@@ -116,6 +116,7 @@ def test_requeue_resumes_from_the_journal(slurm, tmp_path: Path, calculator_dir:
     assert not redone, redone
 
 
+@pytest.mark.timeout(240)  # a restarted step on a loaded machine
 def test_killed_gateway_step_is_restarted(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     tasks = _calculator(tmp_path, calculator_dir, 12)
     job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=15)
