@@ -37,7 +37,7 @@ class _Link:
         return []
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_drain_writes_what_it_can_and_cuts_a_session_whose_proxy_is_gone(tmp_path: Path) -> None:
     make_sandbox, _ = backend(SandboxConfig(backend="none"), tmp_path)
     task = Task.model_validate({"id": "t", "instruction": "x", "num_samples": 2, "timeout_s": 600,
@@ -52,7 +52,7 @@ def test_drain_writes_what_it_can_and_cuts_a_session_whose_proxy_is_gone(tmp_pat
                                              sample_index=i, attempt=0, deadline=time.time() + 600))
         while sum(isinstance(m, wire.SessionUpdate) and m.state == "RUN" for m in sent) < 2:
             await asyncio.sleep(0.05)  # both harnesses running
-        await pipeline.drain(within_s=2.0)
+        await pipeline.drain(within_s=15.0)  # the silent one is cut then; the other is written well before on a busy machine
         assert not pipeline.sessions
         writer.close()
 
