@@ -13,7 +13,8 @@ The image: `image` (a suite file's template, `{instance_id}` and `{docker_id}` r
 else the row's own `image` column where a dataset has one, else SWE-bench's name for it
 (`swebench/sweb.eval.x86_64.<docker_id>:latest`, docker_id the id lower-cased with `__` as
 `_1776_`), as `docker://CANONICAL` (suites.images), where it came from kept as
-metadata.image_source. The workspace is a copy of /testbed (prepare). Problems read
+metadata.image_source. The harness works in /testbed where the sandbox starts commands in the
+image's WORKDIR (SWE-bench's is /testbed), else on a copy of it in the workspace. Problems read
 `FILE:LINE: FIELD: ...` (Parquet: `FILE: row N: FIELD: ...`), all of them before anything runs.
 """
 
@@ -42,6 +43,8 @@ from polar_hpc.trajectory import swebench as grading
 
 KEYS = ("instance_id", "problem_statement")  # a JSON file whose first record has these is a dataset
 TEMPLATE_FIELDS = ("instance_id", "docker_id")
+# where the image's WORKDIR is /testbed (SWE-bench's) the harness works there; else on a copy of it
+PREPARE = f'[ "$(pwd -P)" = {grading.REPO_DIR} ] || cp -a {grading.REPO_DIR}/. .'
 HEAD_BYTES = 1 << 20  # read to recognise a dataset
 _BETWEEN = re.compile(r"[ \t\r\n,]*")  # between a JSON array's elements
 
@@ -159,7 +162,7 @@ def to_task(inst: Instance, harness: HarnessSpec, where: str, override: tuple[st
         raise ValueError(f"image: {e}") from None
     return Task(
         id=inst.instance_id, instruction=inst.problem_statement, timeout_s=1800.0, harness=harness,
-        sandbox=TaskSandbox(image=reference, prepare=[f"cp -a {grading.REPO_DIR}/. ."]),
+        sandbox=TaskSandbox(image=reference, prepare=[PREPARE]),
         evaluator=SwebenchEvaluator(kind="swebench", instance=graded),
         solution=TaskSolution(patch=inst.patch) if inst.patch else None,
         metadata={"suite": "swebench", "image_source": source, "repo": inst.repo, "version": inst.version,

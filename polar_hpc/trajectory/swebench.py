@@ -10,7 +10,8 @@
   left empty. ValueError when the package does not know the repo / version; SwebenchMissing when
   the package is not installed.
 - `await grade(spec, sandbox, diff) -> Graded`: in `sandbox` (a FRESH sandbox of the task's
-  image, as SWE-bench's harness uses a fresh container), the harness's diff is applied to /testbed
+  image, as SWE-bench's harness uses a fresh container; reward None when its /testbed is not a
+  writable git checkout: no image, or a read-only one), the harness's diff is applied to /testbed
   with SWE-bench's own patch commands in their order (none applying: 0.0, as SWE-bench counts it);
   an empty diff is not applied and the unchanged repository is graded. Then the eval script runs
   (`bash eval.sh 2>&1`: one stream, as docker exec gives the package), its log is graded by
@@ -92,6 +93,12 @@ async def grade(spec: SwebenchEvaluator, sandbox: Sandbox, diff: bytes | str | N
         _, _, _, grading, run_evaluation = _package()
     except (SwebenchMissing, ValueError) as e:
         return Graded(None, str(e))
+    where = await sandbox.exec(f"test -d {REPO_DIR}/.git || echo missing; test -w {REPO_DIR} || echo read-only", {},
+                               APPLY_TIMEOUT_S)
+    if problem := where.stdout.decode(errors="replace").split():
+        return Graded(None, f"SWE-bench's eval script needs the image's repository at {REPO_DIR}, writable: "
+                            f"here it is {' and '.join(problem)} (is the image pulled? does the sandbox give a "
+                            "writable image root?)")
     folder, t0 = f".polar-eval-{secrets.token_hex(8)}", time.monotonic()
     await files.run(lambda: files.write(sandbox.workspace, f"{folder}/eval.sh", tspec.eval_script.encode()), None)
     patch = shlex.quote(str(sandbox.workspace / folder / "patch.diff"))

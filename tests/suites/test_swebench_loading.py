@@ -13,6 +13,7 @@ from suites.swebench_rows import F2P, INSTANCE_ID, P2P, VERSION, make_repo, row
 from suites.test_loading import check_fails
 
 from polar_hpc import suites
+from polar_hpc.suites.swebench import PREPARE
 from polar_hpc.trajectory import swebench as grading
 
 IMAGE = "docker://docker.io/swebench/sweb.eval.x86_64.pallets_1776_flask-4242:latest"
@@ -27,7 +28,7 @@ def test_a_published_row_becomes_a_task_graded_by_the_package(tmp_path: Path, co
     path = tmp_path / "verified.jsonl"
     path.write_text(json.dumps(row(commits)) + "\n")
     [task] = suites.load(path)
-    assert (task.id, task.sandbox.image, task.sandbox.prepare) == (INSTANCE_ID, IMAGE, ["cp -a /testbed/. ."])
+    assert (task.id, task.sandbox.image, task.sandbox.prepare) == (INSTANCE_ID, IMAGE, [PREPARE])
     assert task.metadata["image_source"] == f"{path}:1: instance_id (SWE-bench's image name)"
     assert task.solution.patch == commits["patch"] and task.instruction.startswith("calc.add(2, 3)")
     assert task.evaluator.kind == "swebench"
