@@ -63,7 +63,8 @@ def test_graded_by_the_swebench_package(tmp_path: Path, registry: Registry, publ
                 env=os.environ | {"POLAR_IMAGE_CACHE": str(cache)})
     assert run.returncode == 0, run.stdout + run.stderr
     [traj] = trajectories(tmp_path / "run")
-    assert (traj.task_id, traj.status, traj.reward) == (INSTANCE_ID, "completed", reward), traj.metadata
+    assert (traj.task_id, traj.status, traj.reward) == (INSTANCE_ID, "completed", reward), (
+        traj.metadata.get("evaluation"), traj.metadata.get("error"))
     report = traj.metadata["swebench"]
     assert report["resolved"] is (reward == 1.0) and report["patch_successfully_applied"], report
     tests = report["tests_status"]
