@@ -9,10 +9,14 @@ already behind the private /tmp); the folders holding the interpreter and the PA
 live under /tmp, /root or /home are bound back read-only (`shown_dirs`).
 
 With an image (`image` a root filesystem folder: an entry of `polar-hpc image pull`), the host's
-tree is not shown at all: / is an empty tmpfs holding the image's top-level entries (folders and
-files bound read-only, links recreated, none followed on the host), then /dev, /proc, /tmp, /run
-and the workspace as above, and / is made read-only; the sandbox's python3 and PATH are the
-image's. A workspace whose top-level folder the image also has cannot be mounted (bwrap fails).
+tree is not shown at all: / is the image under the session's writable layer (layer.py: a kernel
+overlay whose upper folder is in the sandbox's folder, mounted in a user namespace where the
+sandbox's host uid is root; the cache entry is never written), then /dev, /proc, /tmp, /run and
+the workspace as above. The command runs as the image's User (root where unset: uid 0 of that
+user namespace, with a container's default capabilities inside it and none on the host), in its
+WorkingDir (else the workspace), with its Env under the task's; the sandbox's python3 and PATH are
+the image's. A root gateway drops to `run_as` (setpriv) before `unshare`, so nothing of an image
+sandbox runs as host root.
 
 Who it runs as (owner.py): a gateway that is not root runs bwrap in a user namespace, where bwrap
 drops every capability; the command's host uid is the gateway's. A gateway running as root (as in
@@ -50,13 +54,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from polar_hpc.sandbox.base import INSIDE, MARKER
+from polar_hpc.sandbox.base import INSIDE, MARKER, SandboxError
 from polar_hpc.sandbox.inside import ENV_PREFIX
+from polar_hpc.sandbox.layer import ROOT_CAPS, STAGE, ImageConfig, Layer, user_ids
 from polar_hpc.sandbox.owner import RunsAs
 
 HOMES = ("/root", "/home")
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a command's PATH in an image
-_OURS = ("dev", "proc", "tmp", "run")  # what the sandbox mounts itself, never taken from an image
 _COVER_BYTES = 1 << 20  # an empty cover only holds mount points
 _SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # all inside.py or setpriv needs to drop to `run_as`
 # Names the launcher's shell can restore (others, rare, send the command through inside.py): an
@@ -130,18 +134,35 @@ class BwrapSandbox(RunsAs):
     cgroup_sealed = True  # commands join the cgroup before bwrap starts; /sys/fs/cgroup is read-only inside
     inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
 
-    def _launch_options(self) -> list[str]:
-        return ["--prefixed-env"] + (["--user", "%d:%d" % self.run_as] if self.privileged else []) + super()._launch_options()
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        rootfs = Path(self.image) if self.image and os.path.isdir(self.image) else None
+        self.rootfs = rootfs  # the task's image as a root filesystem folder, or None: the host's root, read-only
+        self.layer = Layer(self.root, rootfs) if rootfs else None
+        self.config = ImageConfig.of(rootfs) if rootfs else ImageConfig()
 
     @property
-    def rootfs(self) -> Path | None:
-        """The task's image as a root filesystem folder, or None: the host's root, read-only."""
-        return Path(self.image) if self.image and os.path.isdir(self.image) else None
+    def user_namespace(self) -> bool:  # an image's commands run in one, whoever the gateway is
+        return super().user_namespace or self.rootfs is not None
+
+    def _launch_options(self) -> list[str]:
+        drop = self.privileged and not self.rootfs  # an image sandbox drops before bwrap (layer.py)
+        return ["--prefixed-env"] + (["--user", "%d:%d" % self.run_as] if drop else []) + super()._launch_options()
+
+    async def _launch(self) -> None:
+        if self.image and self.rootfs is None:  # never the host's tree in place of a missing image
+            raise SandboxError(f"sandbox.image: {self.image}: not a root filesystem folder (is it pulled? "
+                               "run `polar-hpc image pull SUITE`)")
+        await super()._launch()
+        for folder in self.layer.folders if self.layer else ():
+            folder.mkdir(parents=True, exist_ok=True)
+            if self.privileged:
+                os.chown(folder, *self.run_as)
 
     def _launcher(self, argv: list[str]) -> list[str]:
         args = super()._launcher(argv)
         if self.rootfs:
-            args[0] = "python3"  # the image's
+            args[0:1] = ["python3", "-B"]  # the image's; no .pyc written to the session's layer
         return args
 
     def _process(self, command: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -174,14 +195,15 @@ class BwrapSandbox(RunsAs):
         return _prefixed(self._command_environment(env))
 
     def _command_environment(self, env: dict[str, str]) -> dict[str, str]:
-        command = super()._environment(env) | {"TMPDIR": "/tmp"}
-        if self.rootfs and "PATH" not in env:
-            command["PATH"] = IMAGE_PATH
-        return command
+        if self.rootfs:  # the image's Env (its PATH, else the usual one) under the task's
+            return super()._environment({"PATH": IMAGE_PATH} | self.config.env | env) | {"TMPDIR": "/tmp"}
+        return super()._environment(env) | {"TMPDIR": "/tmp"}
 
     def _wrap(self, argv: list[str]) -> list[str]:
+        if self.rootfs:
+            return self._image_wrap(argv)
         ws = str(self.workspace)
-        args = ["bwrap", *(_image_root(self.rootfs, self.tmp) if self.rootfs else self._host_root())]
+        args = ["bwrap", *self._host_root()]
         args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
         args += ["--perms", "0755", "--dir", "/run/polar", "--ro-bind", str(INSIDE), self.inside]
         args += _traversable(ws) + ["--bind", ws, ws, "--chdir", ws]
@@ -195,7 +217,34 @@ class BwrapSandbox(RunsAs):
         args += ["--die-with-parent", "--new-session"]
         if self.relayed:
             args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
-        return args + (["--remount-ro", "/"] if self.rootfs else []) + ["--"] + argv
+        return args + ["--"] + argv
+
+    def _image_wrap(self, argv: list[str]) -> list[str]:
+        """The image under the session's layer as /, the same /dev, /proc, /tmp, /run/polar and
+        workspace; bwrap finds its sources on the layer's stage (layer.py), runs in its own user
+        namespace as the image's User (root: a container's default capabilities, only there; its
+        bounding set cut to them; another uid: none) and in its own other namespaces."""
+        assert self.layer is not None and self.rootfs is not None
+        ws, stage = str(self.workspace), STAGE
+        binds = {"ws": self.workspace, "tmp": self.tmp, "shm": self.shm, "inside.py": INSIDE}
+        if self.relayed:
+            assert self.proxy_socket is not None
+            binds["proxy.sock"] = self.proxy_socket
+        args = ["bwrap", "--bind", f"{stage}/root", "/", "--dev", "/dev", "--proc", "/proc",
+                "--bind", f"{stage}/tmp", "/tmp", "--perms", "0755", "--tmpfs", "/run",
+                "--bind", f"{stage}/shm", "/dev/shm", "--remount-ro", "/dev",
+                "--perms", "0755", "--dir", "/run/polar", "--ro-bind", f"{stage}/inside.py", self.inside]
+        args += _traversable(ws) + ["--bind", f"{stage}/ws", ws]
+        workdir = self.config.workdir
+        args += ["--dir", workdir, "--chdir", workdir] if workdir else ["--chdir", ws]
+        if self.relayed:
+            args += ["--bind", f"{stage}/proxy.sock", self.proxy_socket_inside]
+        uid, gid = user_ids(self.rootfs, self.config.user)
+        args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--unshare-ipc", "--unshare-pid",
+                 "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+        args += [a for cap in (ROOT_CAPS if uid == 0 else ()) for a in ("--cap-add", cap)]
+        args += ([] if self.network == "host" else ["--unshare-net"]) + ["--die-with-parent", "--new-session"]
+        return self.layer.prefix(binds, self.run_as if self.privileged else None) + args + ["--"] + argv
 
     def _host_root(self) -> list[str]:
         """The host's root read-only, with the covers and the folders shown back described above."""
@@ -212,16 +261,3 @@ class BwrapSandbox(RunsAs):
                 args += _cover(folder)
         return args
 
-
-def _image_root(rootfs: Path, tmp: Path) -> list[str]:
-    """/ as a tmpfs holding `rootfs`'s top-level entries (bound read-only; links recreated, not followed)."""
-    args = []
-    with os.scandir(rootfs) as entries:
-        for e in sorted(entries, key=lambda e: e.name):
-            if e.name in _OURS:
-                continue
-            if e.is_symlink():
-                args += ["--symlink", os.readlink(e.path), f"/{e.name}"]
-            elif e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False):
-                args += ["--ro-bind", e.path, f"/{e.name}"]
-    return args + ["--dev", "/dev", "--proc", "/proc", "--bind", str(tmp), "/tmp", "--perms", "0755", "--tmpfs", "/run"]

@@ -47,7 +47,7 @@ class RunsAs(Sandbox):
 
     def _launch_options(self) -> list[str]:
         options = super()._launch_options()
-        if self.privileged and self._cgroup is None:  # the one bound left, shared by every sandbox of run_as
+        if not self.user_namespace and self._cgroup is None:  # the one bound left, shared by every sandbox of run_as
             options[:0] = ["--nproc", str(self.limits.max_pids)]
         return options
 

@@ -10,7 +10,9 @@ by digest; `use_cached(tasks)` points every task whose image is there at its cac
       refs/H.json            the digest a reference resolved to (H: a hash of the reference)
       sha256-HEX.sif         the entry where `apptainer` is on PATH (`apptainer build` from the OCI layout)
       sha256-HEX.rootfs/     the entry elsewhere: the root filesystem (`umoci unpack --rootless`),
-                             which the bubblewrap sandbox uses as the task's root
+                             which the bubblewrap sandbox uses as the task's root (pulled as root:
+                             owned by 65534, a root gateway's sandbox user: sandbox/layer.py)
+      sha256-HEX.config.json the image's OCI config (Env, WorkingDir, User), written before the entry
       partial/sha256-HEX/    an unfinished pull: its OCI layout keeps the blobs fetched so far
       locks/sha256-HEX.lock  held (flock) by the pull of that digest; a second puller waits, then reuses
   An entry is published by one rename once complete, so no half entry is ever used; an interrupted
@@ -36,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar_hpc.config import ConfigError, Task
+from polar_hpc.sandbox.layer import MAX_CONFIG_BYTES
+from polar_hpc.sandbox.owner import NOBODY, give
 
 INSPECT_TIMEOUT_S = 120
 PULL_TIMEOUT_S = 3600
@@ -211,6 +215,7 @@ def _fetch(ref: Reference, digest: str, entry: Path, partial: Path) -> None:
     source = f"docker://{ref.domain}/{ref.repo}@{digest}"
     _skopeo(["copy", "--quiet", ref.tls_flag("--src-tls-verify"), source, layout], PULL_TIMEOUT_S,
             ConfigError, "cannot fetch")
+    _write_atomic(entry.with_suffix(".config.json"), _image_config(partial / "oci"))  # before the entry: Env, WorkingDir, User
     if entry.suffix == ".sif":
         built = partial / "image.sif"
         _run(["apptainer", "build", "--force", str(built), layout], "apptainer build")
@@ -219,8 +224,23 @@ def _fetch(ref: Reference, digest: str, entry: Path, partial: Path) -> None:
         bundle = partial / "bundle"
         shutil.rmtree(bundle, ignore_errors=True)  # an unpack that was interrupted: redone
         _run(["umoci", "unpack", "--rootless", "--image", f"{partial / 'oci'}:image", str(bundle)], "umoci unpack")
+        if os.geteuid() == 0:  # the files of a root gateway's sandboxes, root in their user namespace (sandbox/layer.py)
+            give(bundle / "rootfs", *NOBODY)
         os.rename(bundle / "rootfs", entry)
     shutil.rmtree(partial, ignore_errors=True)
+
+
+def _image_config(layout: Path) -> str:
+    """The OCI image config (Env, WorkingDir, User...) of the one image in `layout`, as JSON text."""
+    def blob(digest: object) -> dict:
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+            raise ImageError(f"the pulled layout names no sha256 digest ({str(digest)[:80]!r})")
+        with open(layout / "blobs" / "sha256" / digest[7:], "rb") as f:
+            return json.loads(f.read(MAX_CONFIG_BYTES))
+
+    with open(layout / "index.json", "rb") as f:
+        manifest = blob(json.loads(f.read(MAX_CONFIG_BYTES))["manifests"][0]["digest"])
+    return json.dumps(blob(manifest["config"]["digest"]))
 
 
 def _skopeo(args: list[str], timeout_s: float, error: type[Exception], what: str) -> str:

@@ -1,0 +1,89 @@
+"""An image as the container its task was written for (bwrap, sandbox/layer.py): the image's
+config (Env, WorkingDir, User) applied; root inside a user namespace whose host uid is the
+sandbox's unprivileged one; a per-session writable layer that keeps the session's writes from one
+command to the next, counts in its disk limit, and never reaches the cache entry."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from images import rootfs
+from polar_hpc.sandbox.bwrap import BwrapSandbox
+from polar_hpc.sandbox.limits import Limits
+from polar_hpc.sandbox.owner import NOBODY, give
+from sandbox.bwrap_required import needs_bwrap
+
+pytestmark = needs_bwrap
+HOST_UID = NOBODY[0] if os.geteuid() == 0 else os.geteuid()  # the sandbox's uid on the host
+
+
+def entry(folder: Path, config: dict) -> Path:
+    """A cache entry as `image pull` leaves it: the root filesystem (owned by the sandbox's host
+    uid when pulled as root) and its OCI config beside it."""
+    passwd = "root:x:0:0::/root:/bin/sh\nsvc:x:1000:1000::/:/bin/sh\n"
+    root = rootfs.build(folder / "sha256-test.rootfs", {"app/data.txt": "from the image\n", "etc/passwd": passwd})
+    (folder / "sha256-test.config.json").write_text(json.dumps({"config": config}))
+    if os.geteuid() == 0:
+        give(root, *NOBODY)
+    return root
+
+
+def run(sb: BwrapSandbox, *commands: str):
+    async def go():
+        await sb.start()
+        try:
+            return [await sb.exec(c, {"TASK": "task's"}, 120) for c in commands]
+        finally:
+            assert await sb.stop()
+    return asyncio.run(go())
+
+
+def test_root_in_the_image_workdir_env_and_a_layer_that_never_reaches_the_cache(tmp_path: Path) -> None:
+    root = entry(tmp_path, {"Env": ["PATH=/usr/bin:/bin", "GREETING=image's", "TASK=image's"], "WorkingDir": "/app"})
+    sb = BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root))
+    first, second = run(
+        sb,
+        'id -u; pwd; echo "$GREETING $TASK"; echo agent >> data.txt; mkdir -p /usr/local/share/x; '
+        "echo installed > /usr/local/share/x/f; touch /etc/written; cat /proc/self/status | grep CapEff",
+        "cat /app/data.txt /usr/local/share/x/f; ls /etc/written; "
+        "python3 -c 'import os; print(os.stat(\"/usr/local/share/x/f\").st_uid)'")
+    out = first.stdout.decode().splitlines()
+    assert first.returncode == 0, first.stderr
+    assert out[:3] == ["0", "/app", "image's task's"], out  # root, the WorkingDir, the task's Env over the image's
+    assert out[3].split()[1] != "0000000000000000", out  # a container's root has its capabilities (in its namespace)
+    assert second.returncode == 0 and second.stdout.decode().splitlines() == [
+        "from the image", "agent", "installed", "/etc/written", "0"], (second.stdout, second.stderr)
+    assert (root / "app/data.txt").read_text() == "from the image\n"  # the cache entry is unchanged
+    assert not (root / "etc/written").exists() and not (root / "usr/local/share").exists()
+
+
+def test_the_layer_is_owned_by_the_unprivileged_host_uid(tmp_path: Path) -> None:
+    root = entry(tmp_path, {})
+    sb = BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root))
+    seen = []
+
+    async def go():
+        await sb.start()
+        r = await sb.exec("id -u; echo x > /made-by-root", {}, 60)
+        seen.append((r.stdout.decode().split(), os.stat(sb.layer.upper / "made-by-root").st_uid))
+        assert await sb.stop()
+
+    asyncio.run(go())
+    assert seen == [(["0"], HOST_UID)] and HOST_UID != 0
+
+
+def test_the_image_user_runs_without_capabilities(tmp_path: Path) -> None:
+    root = entry(tmp_path, {"User": "svc"})
+    [r] = run(BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root)),
+              "id -u; grep CapEff /proc/self/status")
+    assert r.stdout.decode().split() == ["1000", "CapEff:", "0000000000000000"], (r.stdout, r.stderr)
+
+
+def test_writes_to_the_layer_count_in_the_disk_limit(tmp_path: Path) -> None:
+    root = entry(tmp_path, {})
+    sb = BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root), limits=Limits(max_disk_bytes=8 << 20))
+    [r] = run(sb, "while :; do head -c 1048576 /dev/zero >> /usr/big; done")
+    assert r.limit and r.limit.startswith("disk limit exceeded"), (r.limit, r.stderr)
