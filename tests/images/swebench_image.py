@@ -36,7 +36,8 @@ PYTEST = "#!/opt/miniconda3/envs/testbed/bin/python\nimport sys\nimport pytest\n
 def build(folder: Path) -> tuple[Path, dict[str, str]]:
     """The image's root filesystem under `folder`/root and the row's commits (base, patch, test_patch)."""
     root = rootfs.build(folder / "root", {"opt/miniconda3/bin/activate": ACTIVATE})
-    shutil.copytree("/usr/lib/python3.11/unittest", root / "usr/lib/python3.11/unittest")  # pytest imports it
+    [stdlib] = (root / "usr" / "lib").glob("python3.*")  # rootfs.py leaves unittest out; pytest imports it
+    shutil.copytree(Path("/") / stdlib.relative_to(root) / "unittest", stdlib / "unittest")
     commits = make_repo(root / "testbed")
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(root / ENV)], check=True)
     [site] = (root / ENV / "lib").glob("python3*/site-packages")
