@@ -55,7 +55,10 @@ def load_run_tasks(tasks_path: Path | None, topology: Topology) -> list[Task]:
             raise ConfigError("no task file given; only a service run (service.enabled, or `run --service`) "
                               "may start without one")
         return []
-    return suites.load(tasks_path)  # our task files, Harbor task folders, SWE-bench datasets
+    tasks = suites.load(tasks_path)  # our task files, Harbor task folders, SWE-bench datasets
+    if problems := suites.images.unpulled(tasks):  # refused before the run, never run on the host's tree
+        raise ConfigError("\n".join(problems))
+    return tasks
 
 
 def check_new(run_dir: Path) -> Path:

@@ -46,6 +46,7 @@ With `host` the host network is shared.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import re
@@ -56,7 +57,7 @@ from pathlib import Path
 
 from polar_hpc.sandbox.base import INSIDE, MARKER, SandboxError
 from polar_hpc.sandbox.inside import ENV_PREFIX
-from polar_hpc.sandbox.layer import ROOT_CAPS, STAGE, ImageConfig, Layer, user_ids
+from polar_hpc.sandbox.layer import ROOT_CAPS, STAGE, ImageConfig, Layer, open_up, user_ids
 from polar_hpc.sandbox.owner import RunsAs
 
 HOMES = ("/root", "/home")
@@ -140,6 +141,8 @@ class BwrapSandbox(RunsAs):
         self.rootfs = rootfs  # the task's image as a root filesystem folder, or None: the host's root, read-only
         self.layer = Layer(self.root, rootfs) if rootfs else None
         self.config = ImageConfig.of(rootfs) if rootfs else ImageConfig()
+        self.workdir = self.config.workdir  # the image's WorkingDir (made in the layer), or None
+        self.cwd: str | None = None  # where commands start in an image (e.g. `workdir`); None: the workspace
 
     @property
     def user_namespace(self) -> bool:  # an image's commands run in one, whoever the gateway is
@@ -158,6 +161,11 @@ class BwrapSandbox(RunsAs):
             folder.mkdir(parents=True, exist_ok=True)
             if self.privileged:
                 os.chown(folder, *self.run_as)
+
+    async def _remove(self) -> None:
+        if self.layer and not self.privileged:  # folders its root made unreadable to the gateway's user
+            await asyncio.to_thread(open_up, self.root)
+        await super()._remove()
 
     def _launcher(self, argv: list[str]) -> list[str]:
         args = super()._launcher(argv)
@@ -235,8 +243,8 @@ class BwrapSandbox(RunsAs):
                 "--bind", f"{stage}/shm", "/dev/shm", "--remount-ro", "/dev",
                 "--perms", "0755", "--dir", "/run/polar", "--ro-bind", f"{stage}/inside.py", self.inside]
         args += _traversable(ws) + ["--bind", f"{stage}/ws", ws]
-        workdir = self.config.workdir
-        args += ["--dir", workdir, "--chdir", workdir] if workdir else ["--chdir", ws]
+        args += ["--dir", self.workdir] if self.workdir else []
+        args += ["--chdir", self.cwd or ws]
         if self.relayed:
             args += ["--bind", f"{stage}/proxy.sock", self.proxy_socket_inside]
         uid, gid = user_ids(self.rootfs, self.config.user)

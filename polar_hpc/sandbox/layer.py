@@ -11,6 +11,7 @@ WorkingDir, User) and a per-session writable layer over the cached root filesyst
   --map-root-user`) and a new mount namespace holding the kernel overlay of the entry under
   `upper/` (`userxattr`, nosuid, nodev; Linux 5.11 or later). The mount exists only in that
   command's namespaces; the entry is a read-only lower layer, never written.
+- `open_up(root)`: before a gateway that is not root removes a session's folder.
 - `user_ids(rootfs, user)`: the image's User as (uid, gid) inside the sandbox (a number, `N:G`, or
   a name looked up in the image's /etc/passwd and /etc/group; unset or unknown: root).
 
@@ -22,6 +23,7 @@ entries to `run_as` (65534), the uid a root gateway drops to before `unshare` (s
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import re
 import shlex
@@ -131,3 +133,21 @@ class Layer:
             script.append(f"exec {shlex.quote(str(tools['setpriv']))} --reuid {drop[0]} --regid {drop[1]} --clear-groups "
                           '--inh-caps -all --ambient-caps -all --nnp -- "$@"')
         return [str(tools["unshare"]), *namespaces, "--", "/bin/sh", "-ec", "; ".join(script), "sh"]
+
+
+def open_up(root: Path) -> None:
+    """Give the owner rwx on every folder under `root` (never through a link), so that a gateway
+    that is not root can remove what its sandbox's root made unreadable (`chmod 000` folders, the
+    overlay's own work folder)."""
+    for _, dirs, _, fd in os.fwalk(root):  # top-down: each folder is opened up before it is entered
+        for name in dirs:
+            try:
+                sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_PATH, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                os.chmod(f"/proc/self/fd/{sub}", 0o700)
+            except OSError:
+                pass
+            finally:
+                os.close(sub)

@@ -1,4 +1,5 @@
-"""`polar-hpc tasks check SUITE`: validate a suite (or any task file) and print one row per task."""
+"""`polar-hpc tasks check SUITE`: validate a suite (or any task file) and print one row per task;
+then a ConfigError for every task `run` would refuse (an image not pulled)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from polar_hpc import suites
-from polar_hpc.config import Task
+from polar_hpc.config import ConfigError, Task
 
 
 def show(path: Path, console: Console) -> None:
@@ -20,12 +21,18 @@ def show(path: Path, console: Console) -> None:
         table.add_row(task.id, str(task.metadata.get("suite", "tasks")), task.harness.kind,
                       _environment(task), f"{task.timeout_s:g}", _evaluator(task), _solution(task), _resources(task))
     console.print(table)
+    if problems := suites.images.unpulled(tasks):  # what `run` would refuse
+        raise ConfigError("\n".join(problems))
 
 
 def _environment(task: Task) -> str:
     box, pulled = task.sandbox, task.metadata.get("image")
     if pulled:
         return f"{pulled['reference']} (pulled: {Path(box.image or '').suffix[1:]})"
+    if box.image and suites.images.is_reference(box.image):
+        return f"{box.image} (NOT PULLED: run `polar-hpc image pull`)"
+    if task.metadata.get("dockerfile"):
+        return f"{suites.images.DOCKERFILE_ONLY} ({len(box.files)} file(s))"
     return box.image or f"host + {len(box.files)} file(s)"
 
 

@@ -9,8 +9,9 @@ is a task). A task folder holds:
   `storage_mb` (the sandbox's resources), `[metadata]` (kept in the task's metadata); other keys
   are Harbor's and ignored;
 - `environment/`: a Dockerfile or `docker_image` (at least one); `environment/workspace/`, if
-  there, is what the workspace starts with (locally, with bubblewrap, the environment is the
-  host's tree plus these files; docs/tasks.md);
+  there, is what the workspace starts with (a task with only a Dockerfile is not built: its
+  environment is the host's tree plus these files, its Dockerfile kept as metadata.dockerfile,
+  which `tasks check` and `image pull` list; docs/tasks.md);
 - `tests/test.sh`: the hidden tests (a TestsEvaluator whose `dir` is tests/);
 - `solution/solve.sh` (optional): what `harness: oracle` runs.
 The task id is the folder's name. Every problem of every task is reported, as
@@ -125,7 +126,7 @@ def load_task(folder: Path, harness: HarnessSpec) -> Task:
     if solution is not None:
         source("solution/solve.sh", "solution/solve.sh")
     files = _workspace(folder, source)
-    image = toml.environment.docker_image if toml else None
+    image, dockerfile = (toml.environment.docker_image if toml else None), None
     image_source = f"{folder / 'task.toml'}:{_toml_line(toml_text, ('environment', 'docker_image'))}: environment.docker_image"
     if image:
         try:
@@ -133,7 +134,8 @@ def load_task(folder: Path, harness: HarnessSpec) -> Task:
         except ValueError as e:
             problems.append(f"{image_source}: {e}")
     elif toml is not None:
-        source("environment/Dockerfile", "environment: neither a Dockerfile nor task.toml's environment.docker_image")
+        dockerfile = source("environment/Dockerfile", "environment: neither a Dockerfile nor task.toml's "
+                            "environment.docker_image")
     if harness.kind == "oracle" and solution is None and not problems:
         problems.append(f"{folder}/solution/solve.sh: missing, and `harness: oracle` runs it")
     if problems:
@@ -147,7 +149,8 @@ def load_task(folder: Path, harness: HarnessSpec) -> Task:
         evaluator=TestsEvaluator(kind="tests", dir=tests, timeout_s=toml.verifier.timeout_sec),
         solution=TaskSolution(dir=solution) if solution else None,
         metadata={"suite": "harbor", "task_dir": str(folder.absolute())} | (
-            {"harbor": toml.metadata} if toml.metadata else {}) | ({"image_source": image_source} if image else {}),
+            {"harbor": toml.metadata} if toml.metadata else {}) | ({"image_source": image_source} if image else {})
+        | ({"dockerfile": dockerfile} if dockerfile else {}),
     )
 
 

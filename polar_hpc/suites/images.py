@@ -17,11 +17,15 @@ by digest; `use_cached(tasks)` points every task whose image is there at its cac
       locks/sha256-HEX.lock  held (flock) by the pull of that digest; a second puller waits, then reuses
   An entry is published by one rename once complete, so no half entry is ever used; an interrupted
   pull leaves only `partial/`, which the next pull resumes (skopeo reuses the blobs there).
+- `unpulled(tasks)`: the reason each task whose image is not in the cache is refused before a run.
+  Tasks with only a Dockerfile (Harbor, metadata.dockerfile) are listed by `pull_suite`, not built.
 - `pull_suite` resolves every distinct reference of a suite to its digest (`skopeo inspect`), fetches
   each digest once (`skopeo copy` to an OCI layout), prints a table, and raises ConfigError naming
   the task's file and line for every reference that is malformed or could not be resolved or
   fetched, after pulling all the others. A registry on loopback (127.0.0.1, localhost) is spoken
-  to over plain HTTP, as Docker does; every other one over verified TLS.
+  to over plain HTTP, as Docker does; every other one over verified TLS, through the mirrors of
+  $POLAR_REGISTRIES_CONF (`registries_conf`) where it names some: the reference and its cache key
+  stay the published name (`docker.io/library/python:3.11-slim`), wherever the bytes came from.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ _REFERENCE = re.compile(rf"(?:(?P<domain>{_DOMAIN})/)?(?P<repo>{_COMPONENT}(?:/{
                         r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[a-f0-9]{64}))?")
 _DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
 _LOOPBACK = ("localhost", "127.0.0.1")
+DOCKERFILE_ONLY = "Dockerfile only: not built (no builder); runs on the host's tree + environment/workspace"
 
 
 class ImageError(RuntimeError):
@@ -69,8 +74,10 @@ class Reference:
     def transport(self) -> str:
         return f"docker://{self}"
 
-    def tls_flag(self, option: str = "--tls-verify") -> str:
-        return f"{option}={'false' if self.domain.split(':')[0] in _LOOPBACK else 'true'}"
+    def tls_flags(self, option: str = "--tls-verify") -> list[str]:
+        """Plain HTTP on loopback; else skopeo's default (verified TLS, but where a registries.conf
+        marks a mirror `insecure`), which an explicit --tls-verify=true would override."""
+        return [f"{option}=false"] if self.domain.split(":")[0] in _LOOPBACK else []
 
 
 def parse(text: str) -> Reference:
@@ -123,6 +130,14 @@ def use_cached(tasks: list[Task], cache: Path | None = None) -> list[Task]:
         meta = task.metadata | {"image": {"reference": task.sandbox.image, "digest": digest}}
         out.append(task.model_copy(update={"sandbox": box, "metadata": meta}))
     return out
+
+
+def unpulled(tasks: list[Task]) -> list[str]:
+    """Why each task whose registry image is not in the cache (after `use_cached`) cannot run: it is
+    refused, never run on the host's tree instead. `FILE:LINE: FIELD: REFERENCE: ...`."""
+    return [f"{_where(t)}: {t.sandbox.image}: not pulled (not in the image cache {cache_dir()}): run `polar-hpc "
+            "image pull SUITE` where its registry or a mirror is reachable (docs/tasks.md, Images)"
+            for t in tasks if t.sandbox.image and is_reference(t.sandbox.image)]
 
 
 def _ref_file(cache: Path, reference: str) -> Path:
@@ -180,6 +195,9 @@ def pull_suite(path: Path, cache: Path, console) -> list[Pulled]:
     for p in done:
         table.add_row(p.reference, p.digest[7:19], p.entry.suffix[1:], p.status, f"{_size(p.entry) / 2**20:.1f}",
                       f"{p.seconds:.1f}", str(p.tasks))
+    for task in tasks:
+        if dockerfile := task.metadata.get("dockerfile"):
+            table.add_row(str(dockerfile), "-", "-", DOCKERFILE_ONLY, "-", "-", "1")
     console.print(table)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -189,7 +207,7 @@ def pull_suite(path: Path, cache: Path, console) -> list[Pulled]:
 def pull(ref: Reference, cache: Path, tasks: int = 1) -> Pulled:
     """Fetch `ref` into `cache` once (ConfigError: unknown or unreachable; ImageError: a tool failed)."""
     t0 = time.monotonic()
-    digest = ref.digest or _skopeo(["inspect", ref.tls_flag(), "--format", "{{.Digest}}", ref.transport],
+    digest = ref.digest or _skopeo(["inspect", *ref.tls_flags(), "--no-tags", "--format", "{{.Digest}}", ref.transport],
                                    INSPECT_TIMEOUT_S, ConfigError, "cannot resolve").strip()
     if not _DIGEST.fullmatch(digest):
         raise ConfigError(f"the registry answered no sha256 digest ({digest[:80]!r})")
@@ -213,7 +231,7 @@ def _fetch(ref: Reference, digest: str, entry: Path, partial: Path) -> None:
     partial.mkdir(exist_ok=True)
     layout = f"oci:{partial / 'oci'}:image"
     source = f"docker://{ref.domain}/{ref.repo}@{digest}"
-    _skopeo(["copy", "--quiet", ref.tls_flag("--src-tls-verify"), source, layout], PULL_TIMEOUT_S,
+    _skopeo(["copy", "--quiet", *ref.tls_flags("--src-tls-verify"), source, layout], PULL_TIMEOUT_S,
             ConfigError, "cannot fetch")
     _write_atomic(entry.with_suffix(".config.json"), _image_config(partial / "oci"))  # before the entry: Env, WorkingDir, User
     if entry.suffix == ".sif":
@@ -243,9 +261,23 @@ def _image_config(layout: Path) -> str:
     return json.dumps(blob(manifest["config"]["digest"]))
 
 
+def registries_conf() -> list[str]:
+    """skopeo's `--registries-conf FILE` from $POLAR_REGISTRIES_CONF (else $CONTAINERS_REGISTRIES_CONF),
+    a containers-registries.conf(5) file: `[[registry]]` prefix / location / `[[registry.mirror]]`
+    location (insecure = true for plain HTTP), so a published name resolves through a site's mirror
+    unchanged. Neither set: skopeo's own (/etc/containers/registries.conf, ~/.config/containers/...)."""
+    name = "POLAR_REGISTRIES_CONF" if os.environ.get("POLAR_REGISTRIES_CONF") else "CONTAINERS_REGISTRIES_CONF"
+    path = os.environ.get(name)
+    if not path:
+        return []
+    if not os.path.isfile(path):
+        raise ConfigError(f"{name}={path}: no such file (a containers-registries.conf mapping of registries to mirrors)")
+    return ["--registries-conf", path]
+
+
 def _skopeo(args: list[str], timeout_s: float, error: type[Exception], what: str) -> str:
     try:
-        r = subprocess.run(["skopeo", *args], capture_output=True, text=True, timeout=timeout_s)
+        r = subprocess.run(["skopeo", *registries_conf(), *args], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise error(f"{what}: no answer within {timeout_s:g}s") from None
     if r.returncode != 0:

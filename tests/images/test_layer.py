@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 from pathlib import Path
 
 from images import rootfs
 from polar_hpc.sandbox.bwrap import BwrapSandbox
+from polar_hpc.sandbox.layer import open_up
 from polar_hpc.sandbox.limits import Limits
 from polar_hpc.sandbox.owner import NOBODY, give
 from sandbox.bwrap_required import needs_bwrap
@@ -44,6 +46,7 @@ def run(sb: BwrapSandbox, *commands: str):
 def test_root_in_the_image_workdir_env_and_a_layer_that_never_reaches_the_cache(tmp_path: Path) -> None:
     root = entry(tmp_path, {"Env": ["PATH=/usr/bin:/bin", "GREETING=image's", "TASK=image's"], "WorkingDir": "/app"})
     sb = BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root))
+    sb.cwd = sb.workdir  # as a Harbor task's harness and tests run
     first, second = run(
         sb,
         'id -u; pwd; echo "$GREETING $TASK"; echo agent >> data.txt; mkdir -p /usr/local/share/x; '
@@ -87,3 +90,34 @@ def test_writes_to_the_layer_count_in_the_disk_limit(tmp_path: Path) -> None:
     sb = BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root), limits=Limits(max_disk_bytes=8 << 20))
     [r] = run(sb, "while :; do head -c 1048576 /dev/zero >> /usr/big; done")
     assert r.limit and r.limit.startswith("disk limit exceeded"), (r.limit, r.stderr)
+
+
+def test_a_gateway_that_is_not_root_can_remove_what_the_sandboxs_root_closed(tmp_path: Path) -> None:
+    """The sandbox's root (`chmod 000` with files inside, as the overlay's own work folder is) makes
+    folders its unprivileged host uid cannot enter; `open_up` reopens them for that uid, never
+    through a link (an outside folder linked from inside keeps its mode)."""
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o555)
+    tree = tmp_path / "session"
+    (tree / "a" / "b").mkdir(parents=True)
+    (tree / "a" / "b" / "f").write_text("x")
+    (tree / "a" / "link").symlink_to(outside)
+    for folder in (tree / "a" / "b", tree / "a"):
+        folder.chmod(0)
+    if os.geteuid() == 0:
+        give(tree, *NOBODY)
+    as_sandbox_uid = ["setpriv", "--reuid", str(HOST_UID), "--regid", str(HOST_UID), "--clear-groups", "--"] \
+        if os.geteuid() == 0 else []
+    fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)  # the session's folder, past pytest's 0700 ones
+
+    def remove() -> int:
+        return subprocess.run([*as_sandbox_uid, "rm", "-rf", f"/proc/self/fd/{fd}/a"], pass_fds=(fd,),
+                              capture_output=True).returncode
+
+    try:
+        assert remove() != 0
+        open_up(tree)
+        assert (outside.stat().st_mode & 0o777) == 0o555
+        assert remove() == 0 and not (tree / "a").exists()
+    finally:
+        os.close(fd)

@@ -1,0 +1,100 @@
+"""A task written for a published image, run as its container would run it, without Docker and
+with no registry but a loopback one: the image (built here with umoci: WORKDIR /app, files
+COPY'd into /app, an Env) is pushed to the loopback registry and reached under its published name
+`docker.io/library/debian:bookworm-slim` through a registries.conf mirror (POLAR_REGISTRIES_CONF).
+The oracle scores 1.0 and a no-op harness 0.0 with tests that need root (uid 0, a write under
+/usr) and read the files COPY'd into /app; nothing either writes reaches the cache entry.
+A task whose image was never pulled is refused before the run, by `tasks check` and `run`, naming
+its task.toml line, its reference and `image pull`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import polar
+from e2e.helpers import trajectories
+from images import rootfs
+from images.conftest import Registry, needs_tools
+from sandbox.bwrap_required import needs_bwrap
+
+pytestmark = [needs_tools, needs_bwrap, pytest.mark.timeout(400)]
+PUBLISHED = "debian:bookworm-slim"
+TEST_SH = """[ "$(id -u)" = 0 ] || { echo "not root"; exit 1; }
+mkdir -p /usr/local/share/verifier && touch /usr/local/share/verifier/ran || exit 1
+if [ "$(head -n1 /app/data.txt)" = "copied into /app" ] && [ "$APP_MODE" = image-env ] \\
+   && [ "$(cat "$HOME/answer.txt")" = 42 ]; then
+  echo 1 > "$POLAR_LOGS_DIR/reward.txt"
+else
+  echo 0 > "$POLAR_LOGS_DIR/reward.txt"
+fi
+"""
+
+
+def _push_published(registry: Registry, folder: Path) -> None:
+    """The image under the name the mirror serves for docker.io/library/debian:bookworm-slim."""
+    rootfs.build(folder / "root", {"app/data.txt": "copied into /app\n"})
+    layout = f"{folder / 'oci'}:1"
+    for argv in (["umoci", "init", "--layout", str(folder / "oci")], ["umoci", "new", "--image", layout],
+                 ["umoci", "insert", "--rootless", "--image", layout, str(folder / "root"), "/"],
+                 ["umoci", "config", "--image", layout, "--config.workingdir", "/app",
+                  "--config.env", "APP_MODE=image-env", "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin"]):
+        subprocess.run(argv, check=True, capture_output=True)
+    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}",
+                    f"docker://{registry.address}/library/{PUBLISHED}"], check=True, capture_output=True)
+
+
+def _task(folder: Path, image: str, solve: str) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "instruction.md").write_text("Write 42 to answer.txt in your home folder.\n")
+    (folder / "task.toml").write_text(f'[agent]\ntimeout_sec = 120\n\n[environment]\ndocker_image = "{image}"\n')
+    (folder / "solution").mkdir()
+    (folder / "solution" / "solve.sh").write_text(solve)
+    (folder / "tests").mkdir()
+    (folder / "tests" / "test.sh").write_text(TEST_SH)
+    return folder
+
+
+def test_a_published_image_through_a_mirror_runs_as_its_container(tmp_path: Path, registry: Registry) -> None:
+    _push_published(registry, tmp_path / "image")
+    conf = tmp_path / "registries.conf"
+    conf.write_text(f'[[registry]]\nprefix = "docker.io"\nlocation = "docker.io"\n\n'
+                    f'[[registry.mirror]]\nlocation = "{registry.address}"\ninsecure = true\n')
+    cache = tmp_path / "cache"
+    env = os.environ | {"POLAR_REGISTRIES_CONF": str(conf), "POLAR_IMAGE_CACHE": str(cache)}
+    suite = tmp_path / "suite"
+    _task(suite / "oracle", PUBLISHED, 'echo 42 > "$HOME/answer.txt"; echo agent >> /app/data.txt\n')
+    _task(suite / "noop", PUBLISHED, "true\n")
+    pulled = polar("image", "pull", suite, env=env, timeout=300)
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert "docker://docker.io/library/debian:bookworm-slim" in pulled.stdout, pulled.stdout
+    [entry] = cache.glob("sha256-*.rootfs")
+    assert entry.with_suffix(".config.json").is_file()
+
+    topology = tmp_path / "topology.yaml"
+    topology.write_text("sandbox: {backend: bwrap}\n")
+    run = polar("run", suite, "-c", topology, "--run-dir", tmp_path / "run", timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    done = trajectories(tmp_path / "run")
+    rewards = {t.task_id: (t.status, t.reward) for t in done}
+    why = [(t.metadata.get("error"), t.metadata.get("evaluation")) for t in done]
+    assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0)}, why
+    assert (entry / "app" / "data.txt").read_text() == "copied into /app\n"  # the agent's append stayed in its layer
+    assert not (entry / "usr" / "local" / "share" / "verifier").exists()
+
+
+def test_a_task_whose_image_was_never_pulled_is_refused_before_the_run(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    _task(suite / "missing", "debian:trixie-slim", "true\n")
+    env = os.environ | {"POLAR_IMAGE_CACHE": str(tmp_path / "empty-cache")}
+    why = (f"{suite / 'missing' / 'task.toml'}:5: environment.docker_image: docker://docker.io/library/debian:trixie-slim: "
+           "not pulled")
+    check = polar("tasks", "check", suite, env=env)
+    assert check.returncode == 2 and why in check.stderr and "polar-hpc image pull" in check.stderr, check.stderr
+    assert "NOT PULLED" in check.stdout, check.stdout
+    run = polar("run", suite, "--run-dir", tmp_path / "run", env=env)
+    assert run.returncode == 2 and why in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert not (tmp_path / "run" / "tasks.jsonl").exists()
