@@ -14,7 +14,8 @@
   writable git checkout: no image, or a read-only one), the harness's diff is applied to /testbed
   with SWE-bench's own patch commands in their order (none applying: 0.0, as SWE-bench counts it);
   an empty diff is not applied and the unchanged repository is graded. Then the eval script runs
-  (`bash eval.sh 2>&1`: one stream, as docker exec gives the package), its log is graded by
+  (`bash eval.sh 2>&1`: one stream, as docker exec gives the package; its first MAX_LOG_BYTES
+  kept, not the sandbox's usual output bound), its log is graded by
   `get_eval_report`: the reward is 1.0 when resolved, else 0.0 (a timeout: 0.0); the report
   (resolved, patch applied, FAIL_TO_PASS / PASS_TO_PASS per test) is Graded.report. The
   package's import (seconds) and grading run in a worker thread.
@@ -40,6 +41,7 @@ REPO_DIR = "/testbed"  # where SWE-bench's images hold the repository (its DOCKE
 APPLY_TIMEOUT_S = 300.0
 GRADED = ("instance_id", "repo", "version", "base_commit", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 LOG_TAIL = 2000  # characters of the eval log kept in the detail
+MAX_LOG_BYTES = 64 << 20  # of the eval log read (its first bytes); a longer one is graded on those
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ async def grade(spec: SwebenchEvaluator, sandbox: Sandbox, diff: bytes | str | N
             return Graded(0.0, f"the harness's diff does not apply to {REPO_DIR}: {tail}", report=report)
     t1 = time.monotonic()
     ran = await sandbox.exec(f"/bin/bash {shlex.quote(str(sandbox.workspace / folder / 'eval.sh'))} 2>&1", {},
-                             spec.timeout_s)
+                             spec.timeout_s, max_output=MAX_LOG_BYTES)
     timings = {"apply_s": round(t1 - t0, 6), "tests_s": round(time.monotonic() - t1, 6)}
     log = ran.stdout.decode(errors="replace")
     if ran.timed_out:
