@@ -121,3 +121,22 @@ def test_a_gateway_that_is_not_root_can_remove_what_the_sandboxs_root_closed(tmp
         assert remove() == 0 and not (tree / "a").exists()
     finally:
         os.close(fd)
+
+
+def test_the_images_root_cannot_reach_the_host(tmp_path: Path) -> None:
+    """Root in an image has a container's capabilities in its own user namespace only: no mount,
+    no write to the kernel's settings, no other process, not the stage its sources were bound on
+    (/mnt outside bwrap's root), and nothing of the host's tree."""
+    secret = tmp_path / "host-only.txt"
+    secret.write_text("host secret")
+    secret.chmod(0o644)
+    root = entry(tmp_path, {})
+    (root / "mnt").mkdir()
+    [r] = run(BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root)),
+              "id -u; mount -t tmpfs t /mnt 2>/dev/null || echo no-mount; "
+              "(echo 1 > /proc/sys/kernel/panic) 2>/dev/null || echo no-sysctl; ls -A /mnt | wc -l; "
+              "set -- /proc/[0-9]*; echo $#; "  # bwrap's init and this shell
+              f"cat {secret} 2>/dev/null || echo no-host-file; "
+              "unshare -Urm true 2>/dev/null; python3 -c 'import os; os.setuid(0); print(\"setuid-0\")'")
+    assert r.stdout.decode().split() == ["0", "no-mount", "no-sysctl", "0", "2", "no-host-file", "setuid-0"], (
+        r.stdout, r.stderr)
