@@ -10,13 +10,15 @@ live under /tmp, /root or /home are bound back read-only (`shown_dirs`).
 
 With an image (`image` a root filesystem folder: an entry of `polar-hpc image pull`), the host's
 tree is not shown at all: / is the image under the session's writable layer (layer.py: a kernel
-overlay whose upper folder is in the sandbox's folder, mounted in a user namespace where the
-sandbox's host uid is root; the cache entry is never written), then /dev, /proc, /tmp, /run and
-the workspace as above. The command runs as the image's User (root where unset: uid 0 of that
-user namespace, with a container's default capabilities inside it and none on the host), in its
-WorkingDir (else the workspace), with its Env under the task's; the sandbox's python3 and PATH are
-the image's. A root gateway drops to `run_as` (setpriv) before `unshare`, so nothing of an image
-sandbox runs as host root.
+overlay whose upper folder is in the sandbox's folder, mounted with the folders bwrap binds on a
+stage in the command's own mount namespace; the cache entry is never written), then /dev, /proc,
+/tmp, /run and the workspace as above. The command runs in its own user namespace as the image's
+User (root where unset: a container's default capabilities there, none on the host; its host uid
+is `run_as` or the gateway's user), with the image's Env under the task's, in the workspace or
+`cwd` where the caller sets one (the image's WorkingDir, `workdir`, is made); the sandbox's
+python3 and PATH are the image's. A root gateway drops to `run_as` (setpriv) before bwrap, so
+nothing of an image sandbox but its mounts' setup runs as host root. An image that is not a
+folder (not pulled) fails the start.
 
 Who it runs as (owner.py): a gateway that is not root runs bwrap in a user namespace, where bwrap
 drops every capability; the command's host uid is the gateway's. A gateway running as root (as in

@@ -4,20 +4,23 @@ WorkingDir, User) and a per-session writable layer over the cached root filesyst
 - `ImageConfig.of(rootfs)`: the OCI image config `image pull` saved beside a cache entry
   (`sha256-HEX.config.json` beside `sha256-HEX.rootfs`), read capped and never through a link;
   a folder without one has the empty config (root, no Env, no WorkingDir).
-- `Layer(root, rootfs)`: the session's layer under its own folder (`upper/` holds every file the
-  session writes or changes in the image, so it counts in the disk limit; `work/` is the kernel's;
-  `root/` the mount point). `prefix()` is the command line that runs the rest of a bwrap command
-  in a new user namespace where the caller's host uid is root (util-linux `unshare
-  --map-root-user`) and a new mount namespace holding the kernel overlay of the entry under
-  `upper/` (`userxattr`, nosuid, nodev; Linux 5.11 or later). The mount exists only in that
-  command's namespaces; the entry is a read-only lower layer, never written.
+- `Layer(root, rootfs)`: the session's layer under its own folder (`layer/upper/` holds every
+  file the session writes or changes in the image, so it counts in the disk limit; `layer/work/`
+  is the kernel's). `prefix(binds, drop)` is the command line that runs the rest of a bwrap
+  command after util-linux's `unshare` made a private mount namespace (for a gateway that is not
+  root, in a new user namespace whose root is the gateway's user) and a shell set up the stage
+  there: a 1 MiB tmpfs at STAGE (/mnt) holding the kernel overlay of the entry under `upper/`
+  (`userxattr`, nosuid, nodev; Linux 5.11 or later) at STAGE/root and the host folders and files
+  bwrap needs, bound beside it; a root gateway then drops to `run_as` (setpriv). The mounts exist
+  only in that command's namespaces; the entry is a read-only lower layer, never written.
 - `open_up(root)`: before a gateway that is not root removes a session's folder.
 - `user_ids(rootfs, user)`: the image's User as (uid, gid) inside the sandbox (a number, `N:G`, or
   a name looked up in the image's /etc/passwd and /etc/group; unset or unknown: root).
 
 Ownership: only the caller's host uid is mapped (to root), so the image's files are root's inside
 when that uid owns them: the puller's for a gateway that is not root; a root pull gives its
-entries to `run_as` (65534), the uid a root gateway drops to before `unshare` (suites/images.py).
+entries to 65534 (the default `run_as`), the uid a root gateway drops to before bwrap
+(suites/images.py).
 """
 
 from __future__ import annotations

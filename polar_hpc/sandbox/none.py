@@ -3,16 +3,22 @@
 For machines without bubblewrap or Apptainer; the gateway warns when it falls back to this. The
 network is the host's whatever the task asks. Teardown is verified only when the gateway could
 give the sandbox a pids cgroup: without one, a daemon that leaves its process group and clears its
-environment cannot be found, so `stop()` reports the teardown as unverified.
+environment cannot be found, so `stop()` reports the teardown as unverified. A task with an image
+is refused at start (`SandboxError`): the host's tree never stands in for its image.
 """
 
 from __future__ import annotations
 
-from polar_hpc.sandbox.base import Sandbox
+from polar_hpc.sandbox.base import Sandbox, SandboxError
 
 
 class NoneSandbox(Sandbox):
     name = "none"
+
+    async def _launch(self) -> None:
+        if self.image:
+            raise SandboxError(f"sandbox.image: {self.image}: the `none` backend runs no image (its commands would "
+                               "run on the host's tree): use bwrap or apptainer")
 
     def _wrap(self, argv: list[str]) -> list[str]:
         return argv

@@ -256,9 +256,12 @@ def _image_config(layout: Path) -> str:
         with open(layout / "blobs" / "sha256" / digest[7:], "rb") as f:
             return json.loads(f.read(MAX_CONFIG_BYTES))
 
-    with open(layout / "index.json", "rb") as f:
-        manifest = blob(json.loads(f.read(MAX_CONFIG_BYTES))["manifests"][0]["digest"])
-    return json.dumps(blob(manifest["config"]["digest"]))
+    try:
+        with open(layout / "index.json", "rb") as f:
+            manifest = blob(json.loads(f.read(MAX_CONFIG_BYTES))["manifests"][0]["digest"])
+        return json.dumps(blob(manifest["config"]["digest"]))
+    except (OSError, ValueError, LookupError, TypeError) as e:
+        raise ImageError(f"the pulled image's config cannot be read: {e!r}"[:400]) from None
 
 
 def registries_conf() -> list[str]:

@@ -11,10 +11,14 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from images import rootfs
+from polar_hpc.sandbox.base import SandboxError
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.sandbox.layer import open_up
 from polar_hpc.sandbox.limits import Limits
+from polar_hpc.sandbox.none import NoneSandbox
 from polar_hpc.sandbox.owner import NOBODY, give
 from sandbox.bwrap_required import needs_bwrap
 
@@ -140,3 +144,11 @@ def test_the_images_root_cannot_reach_the_host(tmp_path: Path) -> None:
               "unshare -Urm true 2>/dev/null; python3 -c 'import os; os.setuid(0); print(\"setuid-0\")'")
     assert r.stdout.decode().split() == ["0", "no-mount", "no-sysctl", "0", "2", "no-host-file", "setuid-0"], (
         r.stdout, r.stderr)
+
+
+def test_no_backend_runs_a_task_on_the_hosts_tree_in_place_of_its_image(tmp_path: Path) -> None:
+    for sb in (NoneSandbox(tmp_path / "none", {}, [], "none", image=str(entry(tmp_path, {}))),
+               BwrapSandbox(tmp_path / "bwrap", {}, [], "none", image="docker://docker.io/library/debian:12")):
+        with pytest.raises(SandboxError, match="sandbox.image: .*(no image|not a root filesystem folder)"):
+            asyncio.run(sb.start())
+        asyncio.run(sb.stop())

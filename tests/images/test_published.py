@@ -5,7 +5,8 @@ COPY'd into /app, an Env) is pushed to the loopback registry and reached under i
 The oracle scores 1.0 and a no-op harness 0.0 with tests that need root (uid 0, a write under
 /usr) and read the files COPY'd into /app; nothing either writes reaches the cache entry.
 A task whose image was never pulled is refused before the run, by `tasks check` and `run`, naming
-its task.toml line, its reference and `image pull`."""
+its task.toml line, its reference and `image pull`; a task with only a Dockerfile is listed by both
+`tasks check` and `image pull` as not built."""
 
 from __future__ import annotations
 
@@ -98,3 +99,14 @@ def test_a_task_whose_image_was_never_pulled_is_refused_before_the_run(tmp_path:
     run = polar("run", suite, "--run-dir", tmp_path / "run", env=env)
     assert run.returncode == 2 and why in run.stderr and "Traceback" not in run.stderr, run.stderr
     assert not (tmp_path / "run" / "tasks.jsonl").exists()
+
+
+def test_tasks_with_only_a_dockerfile_are_listed_not_left_out(tmp_path: Path) -> None:
+    task = _task(tmp_path / "suite" / "built-here", PUBLISHED, "true\n")
+    (task / "task.toml").write_text("[agent]\ntimeout_sec = 120\n")
+    (task / "environment").mkdir()
+    (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nWORKDIR /app\n")
+    env = os.environ | {"POLAR_IMAGE_CACHE": str(tmp_path / "cache")}
+    for args in (("tasks", "check"), ("image", "pull")):
+        r = polar(*args, tmp_path / "suite", env=env)
+        assert r.returncode == 0 and "Dockerfile only: not built" in r.stdout, r.stdout + r.stderr
