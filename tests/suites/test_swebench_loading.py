@@ -6,6 +6,8 @@ with file, line (or row) and field, exit 2, no traceback."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,15 @@ def test_a_suite_file_names_the_images(tmp_path: Path, commits) -> None:
     (tmp_path / "harbor").mkdir()
     ref.write_text("suite: harbor\nimage: 'x/{docker_id}'\n")
     assert f"{ref}:2: image: only for a SWE-bench dataset" in check_fails("tasks", "check", ref)
+
+
+def test_without_the_package_the_dataset_is_refused_with_advice(tmp_path: Path, commits) -> None:
+    """An install without the `swebench` extra: its import fails (here: blocked in sys.modules)."""
+    path = tmp_path / "verified.jsonl"
+    path.write_text(json.dumps(row(commits)) + "\n")
+    code = ("import sys; sys.modules['swebench'] = None; sys.argv = ['polar-hpc', 'tasks', 'check', sys.argv[1]]; "
+            "from polar_hpc.cli import app; app()")
+    r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert f"{path}: SWE-bench rows are graded by the swebench package" in r.stderr
+    assert "pip install 'polar-hpc[swebench]'" in r.stderr
