@@ -26,7 +26,7 @@ app.add_typer(image_app, name="image")
 tasks_app = typer.Typer(help="Task files and suites (Harbor task folders, SWE-bench datasets).", no_args_is_help=True)
 app.add_typer(tasks_app, name="tasks")
 _TASKS_HELP = ("Tasks: YAML (one or a list) or JSONL of ours, a Harbor task folder (or a folder of them), "
-               "a SWE-bench dataset (.jsonl, .parquet), or a suite file (`suite: PATH`, docs/tasks.md).")
+               "a SWE-bench dataset (.jsonl, .json, .parquet), or a suite file (`suite: PATH`, docs/tasks.md).")
 
 
 def _guard(fn, failures: tuple[type[Exception], ...] = ()):

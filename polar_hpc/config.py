@@ -251,12 +251,23 @@ class TestsEvaluator(_Model):
     timeout_s: float = Field(600.0, gt=0, le=86400)
 
 
+class SwebenchEvaluator(_Model):
+    """A SWE-bench row graded by the official `swebench` package (trajectory.swebench): in a fresh
+    sandbox of the task's image, the harness's workspace diff applied to /testbed, then the eval
+    script the package writes for `instance` (the row's published columns that grading reads)."""
+
+    kind: Literal["swebench"]
+    instance: dict[str, Any]
+    timeout_s: float = Field(1800.0, gt=0, le=86400)
+
+
 Evaluator = Annotated[
-    Union[CommandEvaluator, RewardFileEvaluator, RegexEvaluator, TestsEvaluator], Field(discriminator="kind")
+    Union[CommandEvaluator, RewardFileEvaluator, RegexEvaluator, TestsEvaluator, SwebenchEvaluator],
+    Field(discriminator="kind"),
 ]
 
 
-_EVALUATOR_KINDS = ("command", "reward_file", "regex", "tests")
+_EVALUATOR_KINDS = ("command", "reward_file", "regex", "tests", "swebench")
 
 
 class TaskSolution(_Model):

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from polar_hpc import wire
-from polar_hpc.config import CommandEvaluator, PoolConfig, Task, TestsEvaluator
+from polar_hpc.config import CommandEvaluator, PoolConfig, SwebenchEvaluator, Task, TestsEvaluator
 from polar_hpc.harness import presets
 from polar_hpc.sandbox import Factory, Sandbox, SandboxError, files
 from polar_hpc.shards.writer import ShardWriter
@@ -49,6 +49,7 @@ from polar_hpc.trajectory.model import Trajectory
 
 STDERR_TAIL = 4000
 EVALUATION_SLACK_S = 5.0  # an evaluation may end this long (+ a command's timeout_s) after the harness
+ON_DIFF = (TestsEvaluator, SwebenchEvaluator)  # judged on the harness's workspace diff, in a fresh sandbox
 log = logging.getLogger("polar_hpc.gateway")
 
 
@@ -172,7 +173,7 @@ class Pipeline:
                 holding.append("INIT")
                 self._update(sid, "INIT", outcome)
                 await sandbox.start()
-                if isinstance(task.evaluator, TestsEvaluator):
+                if isinstance(task.evaluator, ON_DIFF):
                     await diffs.snapshot(sandbox)
                 await self.proxy.open(sid, token)
                 await self._move(holding, "READY")
@@ -225,7 +226,7 @@ class Pipeline:
         sandbox = self._new_sandbox(task)
         try:
             await sandbox.start()
-            if isinstance(task.evaluator, TestsEvaluator):
+            if isinstance(task.evaluator, ON_DIFF):
                 await diffs.snapshot(sandbox)
         except BaseException:
             await sandbox.stop()
@@ -252,7 +253,7 @@ class Pipeline:
     async def _evaluate(self, spec, task: Task, session_box: Sandbox, records, outcome: _Outcome, metadata: dict):
         """The reward, by the later of the session's deadline and the evaluator's own allowance."""
         evaluator = task.evaluator
-        command = evaluator.timeout_s if isinstance(evaluator, (CommandEvaluator, TestsEvaluator)) else 0.0
+        command = evaluator.timeout_s if isinstance(evaluator, (CommandEvaluator, *ON_DIFF)) else 0.0
         allowance = EVALUATION_SLACK_S + command
         try:
             async with asyncio.timeout(max(spec.deadline - time.time(), allowance)):
@@ -273,13 +274,14 @@ class Pipeline:
         if outcome.fresh is not None:
             try:
                 box = await outcome.fresh
-                if not isinstance(task.evaluator, TestsEvaluator):
+                if not isinstance(task.evaluator, ON_DIFF):
                     await box.upload(session_box.workspace, "submission")
             except SandboxError as e:
                 metadata["evaluation"] = f"fresh evaluator sandbox failed: {e}"
                 return None
         evaluation = await evaluate(task.evaluator, box, records, outcome.diff)
         metadata["evaluation"] = evaluation.detail
+        metadata |= evaluation.metadata
         outcome.evaluation_timings |= evaluation.timings
         return evaluation.reward
 
@@ -303,7 +305,7 @@ class Pipeline:
         if outcome.error:
             metadata["error"] = outcome.error
         reward = None
-        if isinstance(task.evaluator, TestsEvaluator) and "RUN" in outcome.marks and outcome.status != "cancelled":
+        if isinstance(task.evaluator, ON_DIFF) and "RUN" in outcome.marks and outcome.status != "cancelled":
             await self._capture(sandbox, outcome, metadata)
         if outcome.status == "completed" and task.evaluator is not None:
             reward = await self._evaluate(spec, task, sandbox, records, outcome, metadata)
@@ -348,7 +350,7 @@ class Pipeline:
 
 def _wants_fresh(task: Task) -> bool:
     spec = task.evaluator
-    return isinstance(spec, TestsEvaluator) or (isinstance(spec, CommandEvaluator) and spec.sandbox == "fresh")
+    return isinstance(spec, ON_DIFF) or (isinstance(spec, CommandEvaluator) and spec.sandbox == "fresh")
 
 
 async def _stop_fresh(fresh: asyncio.Task | None) -> bool:

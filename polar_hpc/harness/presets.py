@@ -73,8 +73,8 @@ def oracle(task: Task, workspace: Path) -> str:
     if solution is None:
         return "echo 'harness oracle: this task has no solution' >&2; exit 2"
     if solution.patch:
-        _write(workspace, f"{_DIR}/oracle/solution.patch", solution.patch)
-        steps.append(f"{diffs.GIT} apply --binary {_DIR}/oracle/solution.patch")
+        patch = _write(workspace, f"{_DIR}/oracle/solution.patch", solution.patch)  # by its full path: the
+        steps.append(f"{diffs.GIT} apply --binary {shlex.quote(str(patch))}")  # cwd may be the image's WORKDIR
     if solution.dir:
         src = Path(solution.dir)
         files.copy(src.parent, src.name, workspace, f"{_DIR}/oracle/solution", ORACLE_MAX_BYTES, threading.Event())

@@ -1,11 +1,12 @@
 """Task suites as input: `load(path)` -> list[Task] for anything `polar-hpc run` accepts as tasks.
 
 - a folder: Harbor-format tasks (suites.harbor), run with `harness: oracle`;
-- a SWE-bench-style dataset (JSONL whose first record has instance_id and problem_statement, or
-  Parquet): suites.swebench, run with `harness: oracle`;
+- a SWE-bench dataset as published (JSON Lines or a JSON array whose first record has
+  instance_id and problem_statement, or Parquet): suites.swebench, run with `harness: oracle`;
 - a YAML file whose top level is a suite reference: `suite: PATH` (relative to the file) with the
   `harness` to run (default oracle), `num_samples`, `builder`, `network` and `metadata` (merged
-  into each task's) applied to every task of that suite;
+  into each task's) applied to every task of that suite, and for a SWE-bench dataset `image`, a
+  template naming every instance's image (suites.swebench);
 - anything else: our own YAML / JSONL task files (config.load_tasks).
 Bad input raises ConfigError naming file, line (or row) and field; duplicate ids are refused.
 A task whose image was pulled (`polar-hpc image pull`, suites.images) runs in the cached entry.
@@ -17,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_hpc.config import (
@@ -45,6 +47,12 @@ class SuiteRef(BaseModel):
     builder: Literal["per_request", "prefix_merge"] = "prefix_merge"
     network: Literal["none", "proxy-only", "host"] | None = None
     metadata: dict[str, Any] = {}
+    image: str | None = None  # SWE-bench datasets: a template for each instance's image
+
+    @pydantic.field_validator("image")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        return None if value is None else swebench.check_template(value)
 
 
 def load(path: Path, cached_images: bool = True) -> list[Task]:
@@ -74,13 +82,17 @@ def _reference(path: Path) -> list[Task]:
     data, line_of = read_yaml(path)
     ref = validate_data(SuiteRef, data, path, line_of)
     target = path.parent / ref.suite
-    if target.is_dir():
+    if target.is_dir() and ref.image is None:
         tasks = harbor.load(target, ref.harness)
-    elif target.is_file() and (target.suffix == ".parquet" or swebench.is_dataset(target)):
-        tasks = swebench.load(target, ref.harness)
+    elif target.is_dir():
+        raise ConfigError(f"{path}:{line_of(('image',))}: image: only for a SWE-bench dataset (a Harbor task names "
+                          "its own)")
+    elif target.is_file() and swebench.is_dataset(target):
+        image = None if ref.image is None else (ref.image, f"{path}:{line_of(('image',))}: image")
+        tasks = swebench.load(target, ref.harness, image)
     else:
         raise ConfigError(f"{path}:{line_of(('suite',))}: suite: {target} is neither a folder of Harbor tasks "
-                          "nor a SWE-bench dataset (.jsonl, .parquet)")
+                          "nor a SWE-bench dataset (.jsonl, .json, .parquet)")
     return [_apply(t, ref) for t in tasks]
 
 

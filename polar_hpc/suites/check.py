@@ -43,6 +43,8 @@ def _evaluator(task: Task) -> str:
     if spec.kind == "tests":
         parts = (["tests/"] if spec.dir else []) + (["test patch"] if spec.patch else [])
         return f"tests ({', '.join(parts) or 'command'}, {spec.timeout_s:g}s)"
+    if spec.kind == "swebench":
+        return f"swebench ({spec.instance['repo']} {spec.instance['version']}, {spec.timeout_s:g}s)"
     return spec.kind
 
 

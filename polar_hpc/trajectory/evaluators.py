@@ -23,6 +23,9 @@
   files are; without either, exit 0 -> 1.0, else 0.0. A reward file that is there but unreadable
   gives None. The detail ends with the tail of the tests' output.
 
+- SwebenchEvaluator: graded by the official swebench package (trajectory.swebench) in a FRESH
+  sandbox with the harness's diff; its report goes to the Outcome's metadata["swebench"].
+
 The command evaluator sees the sandbox as the harness left it.
 """
 
@@ -36,10 +39,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polar_hpc.config import CommandEvaluator, RegexEvaluator, RewardFileEvaluator, TestsEvaluator
+from polar_hpc.config import CommandEvaluator, RegexEvaluator, RewardFileEvaluator, SwebenchEvaluator, TestsEvaluator
 from polar_hpc.sandbox import SandboxError, files
 from polar_hpc.sandbox.base import Sandbox
-from polar_hpc.trajectory import workspace
+from polar_hpc.trajectory import swebench, workspace
 from polar_hpc.trajectory.messages import final_answer
 from polar_hpc.wire import CallRecord
 
@@ -53,10 +56,11 @@ class Outcome:
     reward: float | None
     detail: str
     timings: dict[str, float] = field(default_factory=dict)  # TestsEvaluator: apply_s, tests_s
+    metadata: dict = field(default_factory=dict)  # for the trajectory's metadata (SwebenchEvaluator: its report)
 
 
 async def evaluate(
-    spec: CommandEvaluator | RewardFileEvaluator | RegexEvaluator | TestsEvaluator | None,
+    spec: CommandEvaluator | RewardFileEvaluator | RegexEvaluator | TestsEvaluator | SwebenchEvaluator | None,
     sandbox: Sandbox,
     records: list[CallRecord],
     diff: bytes | str | None = None,
@@ -74,6 +78,9 @@ async def evaluate(
         return await _tests(spec, sandbox, diff)
     if isinstance(spec, RegexEvaluator):
         return _regex(spec, records)
+    if isinstance(spec, SwebenchEvaluator):
+        graded = await swebench.grade(spec, sandbox, diff)
+        return Outcome(graded.reward, graded.detail, graded.timings, {"swebench": graded.report})
     raise TypeError(f"unknown evaluator spec {type(spec).__name__}")
 
 

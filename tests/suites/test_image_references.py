@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 from suites.helpers import copy_task
-from suites.test_loading import check_fails, instance
+from suites.swebench_rows import row
+from suites.test_loading import check_fails
 
 from polar_hpc import suites
 from polar_hpc.suites.images import parse
@@ -47,11 +48,11 @@ def test_suites_name_bad_images_with_file_and_line(tmp_path: Path) -> None:
     toml.write_text(toml.read_text().replace("python:3.11-slim", "-oops"))
     assert f"{toml}:{line}: environment.docker_image: not an image reference" in check_fails("tasks", "check", task)
 
-    data = tmp_path / "swe.jsonl"
-    data.write_text(json.dumps(instance(image="swebench/sweb.eval.x86_64.pkg:v1")) + "\n"
-                    + json.dumps(instance(instance_id="b", image="Bad Image")) + "\n")
+    data, commits = tmp_path / "swe.jsonl", {"base_commit": "abc", "patch": "p", "test_patch": "diff --git a/t b/t\n"}
+    data.write_text(json.dumps(row(commits, image="swebench/sweb.eval.x86_64.pkg:v1")) + "\n"
+                    + json.dumps(row(commits, instance_id="b", image="Bad Image")) + "\n")
     assert f"{data}:2: image: not an image reference" in check_fails("tasks", "check", data)
-    data.write_text(json.dumps(instance(image="swebench/sweb.eval.x86_64.pkg:v1")) + "\n")
+    data.write_text(json.dumps(row(commits, image="swebench/sweb.eval.x86_64.pkg:v1")) + "\n")
     [swe] = suites.load(data)
     assert swe.sandbox.image == "docker://docker.io/swebench/sweb.eval.x86_64.pkg:v1"
     assert swe.metadata["image_source"] == f"{data}:1: image"

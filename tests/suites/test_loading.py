@@ -1,14 +1,12 @@
-"""Suites as input, through the real CLI: Harbor task folders, SWE-bench JSONL / Parquet and suite
-files load into tasks; every malformed entry is named with its file, line (or row) and field,
+"""Suites as input, through the real CLI: Harbor task folders and suite files load into tasks;
+every malformed entry is named with its file, line (or row) and field,
 exit 2, no traceback, and a run given a bad suite creates nothing."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
-import pytest
 from conftest import polar
 from suites.helpers import EXAMPLES, TASKS, copy_task, suite_file
 
@@ -107,52 +105,3 @@ def test_suite_file_errors_name_their_line(tmp_path: Path) -> None:
     assert f"{ref}:5: colour: unknown key" in err
     ref.write_text("suite: nowhere\n")
     assert f"{ref}:1: suite: " in check_fails("tasks", "check", ref)
-
-
-def instance(**over) -> dict:
-    row = {"instance_id": "pkg__pkg-1", "repo": "pkg/pkg", "base_commit": "abc123",
-           "problem_statement": "median is wrong", "image": "docker://ghcr.io/x/pkg:1",
-           "test_command": "python -m pytest -q", "FAIL_TO_PASS": json.dumps(["tests/test_a.py::test_even"]),
-           "PASS_TO_PASS": ["tests/test_a.py::test_odd"], "patch": "diff --git a/a b/a\n",
-           "test_patch": "diff --git a/t b/t\n", "created_at": "2024-01-01"}
-    return row | over
-
-
-def test_swebench_jsonl(tmp_path: Path) -> None:
-    path = tmp_path / "swe.jsonl"
-    path.write_text(json.dumps(instance()) + "\n")
-    [task] = suites.load(path)
-    assert (task.id, task.sandbox.image, task.sandbox.prepare) == ("pkg__pkg-1", "docker://ghcr.io/x/pkg:1",
-                                                                 ["cp -a /testbed/. ."])
-    assert task.evaluator.command == "python -m pytest -q tests/test_a.py::test_even tests/test_a.py::test_odd"
-    assert task.evaluator.patch == "diff --git a/t b/t\n" and task.solution.patch == "diff --git a/a b/a\n"
-    assert task.metadata["FAIL_TO_PASS"] == ["tests/test_a.py::test_even"]
-    rows = [instance(instance_id=f"ok-{i}") for i in range(3)]
-    rows[1] = instance(instance_id="bad id", FAIL_TO_PASS="not json")
-    rows.append(instance(instance_id="ok-0"))
-    lines = [json.dumps(r) for r in rows]
-    lines.insert(2, "")
-    lines.insert(3, "{not json")
-    path.write_text("\n".join(lines) + "\n")
-    err = check_fails("tasks", "check", path)
-    assert f"{path}:2: instance_id: not usable as a task id" in err
-    assert f"{path}:2: FAIL_TO_PASS: neither a list nor JSON text of one" in err
-    assert f"{path}:4: not valid JSON" in err
-    path.write_text("\n".join(json.dumps(instance(instance_id="dup")) for _ in range(2)))
-    assert f"{path}: duplicate task id(s): dup" in check_fails("tasks", "check", path)
-    path.write_text(json.dumps({k: v for k, v in instance().items() if k not in ("image", "patch")}))
-    err = check_fails("tasks", "check", path)
-    assert f"{path}:1: image: missing required field" in err
-
-
-def test_swebench_parquet_rows(tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-
-    path = tmp_path / "swe.parquet"
-    rows = [instance(instance_id="row-0"), instance(instance_id="row-1", test_command="")]
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    err = check_fails("tasks", "check", path)
-    assert f"{path}: row 1: test_command: String should have at least 1 character" in err
-    (tmp_path / "junk.parquet").write_bytes(b"PAR1 not really")
-    assert "not a readable Parquet file" in check_fails("tasks", "check", tmp_path / "junk.parquet")
