@@ -14,13 +14,18 @@ result is sent, still inside the POSTRUN slot.
 A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
 is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 
-A tests evaluator (suites: hidden tests) gets the same, and more: both sandboxes snapshot their
-workspace as the base (trajectory.workspace) once started; the harness's sandbox hides the
-task's tests and solution folders; once the harness has run, its workspace diff is captured (in
-its own sandbox) into the trajectory's metadata (`workspace_diff`: bytes, encoding utf-8 or
-base64, data; or `workspace_diff_error`), and the evaluator applies it in the fresh sandbox,
-where the tests arrive only then. `evaluation_timings` holds fresh_start_s, capture_s, apply_s
-and tests_s. A task's `sandbox.storage_mb` lowers the sandbox's disk limit, `memory_mb` bounds its memory.
+A task with a tests evaluator (suites: hidden tests) gets Harbor's container paths: its sandboxes
+mount session folders at /tests, /solution, /logs/agent and /logs/verifier (MOUNTS), empty while
+the harness runs (the oracle finds its solution at /solution); the harness's sandbox hides the
+task's tests and solution folders; its workspace is snapshotted as the base (trajectory.workspace)
+once started, and once the harness has run, its workspace diff is captured (in its own sandbox)
+into the trajectory's metadata (`workspace_diff`: bytes, encoding utf-8 or base64, data; or
+`workspace_diff_error`). The tests then run in the harness's sandbox as it left it (`sandbox:
+session`, the default), or with `sandbox: fresh` in a fresh sandbox started (and snapshotted) as
+the harness starts, where the diff is applied; the tests arrive only then. A reward file missing
+or malformed ends the session `error` with the reason; every key of reward.json goes to the
+metadata's `rewards`. `evaluation_timings` holds capture_s, apply_s, tests_s (+ fresh_start_s).
+A task's `sandbox.storage_mb` lowers the sandbox's disk limit, `memory_mb` bounds its memory.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from polar_hpc.trajectory.model import Trajectory
 
 STDERR_TAIL = 4000
 EVALUATION_SLACK_S = 5.0  # an evaluation may end this long (+ a command's timeout_s) after the harness
+MOUNTS = {"/tests": "tests", "/solution": "solution", "/logs/agent": "logs/agent", "/logs/verifier": "logs/verifier"}
 log = logging.getLogger("polar_hpc.gateway")
 
 
@@ -155,6 +161,9 @@ class Pipeline:
                 await sandbox.start()
                 if isinstance(task.evaluator, TestsEvaluator):
                     await diffs.snapshot(sandbox)
+                solution = task.solution.dir if task.solution and task.harness.kind == "oracle" else None
+                if solution and "/solution" in sandbox.mounts:
+                    await sandbox.put("/solution", Path(solution))
                 await self.proxy.open(sid, token)
                 await self._move(holding, "READY")
                 self._update(sid, "READY", outcome)
@@ -163,7 +172,8 @@ class Pipeline:
             if _wants_fresh(task):
                 outcome.fresh = asyncio.create_task(self._start_fresh(task, outcome))
             proxy_url = sandbox.proxy_url(self.proxy.url)
-            command, env = presets.launch(task, proxy_url, token, sid, sandbox.workspace)
+            solution_at = sandbox.seen_at("/solution") if "/solution" in sandbox.mounts else None
+            command, env = presets.launch(task, proxy_url, token, sid, sandbox.workspace, solution_at)
             result = await sandbox.exec(command, env, spec.deadline - time.time())
             outcome.marks["WAIT"] = time.time()  # harness ended; POSTRUN slot not yet taken
         except TimeoutError:
@@ -191,6 +201,7 @@ class Pipeline:
         sandbox = self.make_sandbox(
             self.tmp_root / secrets.token_hex(8), box.files, box.prepare, box.network,
             proxy_socket=self.proxy.socket, image=box.image, gpus=box.gpus, hidden=hidden,
+            mounts=MOUNTS if isinstance(task.evaluator, TestsEvaluator) else None,
         )
         if box.storage_mb is not None:
             disk = min(sandbox.limits.max_disk_bytes, box.storage_mb << 20)
@@ -262,6 +273,11 @@ class Pipeline:
         evaluation = await evaluate(task.evaluator, box, records, outcome.diff)
         metadata["evaluation"] = evaluation.detail
         outcome.evaluation_timings |= evaluation.timings
+        if evaluation.rewards:
+            metadata["rewards"] = evaluation.rewards
+        if evaluation.error:
+            outcome.status, outcome.error = "error", evaluation.error
+            metadata["error"] = evaluation.error
         return evaluation.reward
 
     async def _move(self, holding: list[str], stage: str) -> None:
@@ -329,7 +345,7 @@ class Pipeline:
 
 def _wants_fresh(task: Task) -> bool:
     spec = task.evaluator
-    return isinstance(spec, TestsEvaluator) or (isinstance(spec, CommandEvaluator) and spec.sandbox == "fresh")
+    return isinstance(spec, (TestsEvaluator, CommandEvaluator)) and spec.sandbox == "fresh"
 
 
 async def _stop_fresh(fresh: asyncio.Task | None) -> bool:

@@ -13,6 +13,8 @@ tree is not shown at all: / is an empty tmpfs holding the image's top-level entr
 files bound read-only, links recreated, none followed on the host), then /dev, /proc, /tmp, /run
 and the workspace as above, and / is made read-only; the sandbox's python3 and PATH are the
 image's. A workspace whose top-level folder the image also has cannot be mounted (bwrap fails).
+The sandbox's `mounts` (e.g. /tests, /logs/verifier) are bound read-write at their paths; with
+them the host's tree too is shown as a tmpfs / holding its top-level entries read-only.
 
 Who it runs as (owner.py): a gateway that is not root runs bwrap in a user namespace, where bwrap
 drops every capability; the command's host uid is the gateway's. A gateway running as root (as in
@@ -127,6 +129,7 @@ class BwrapSandbox(RunsAs):
     name = "bwrap"
     pid_namespace = True
     isolates_network = True
+    binds_mounts = True
     cgroup_sealed = True  # commands join the cgroup before bwrap starts; /sys/fs/cgroup is read-only inside
     inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
 
@@ -185,6 +188,8 @@ class BwrapSandbox(RunsAs):
         args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
         args += ["--perms", "0755", "--dir", "/run/polar", "--ro-bind", str(INSIDE), self.inside]
         args += _traversable(ws) + ["--bind", ws, ws, "--chdir", ws]
+        for path, folder in self.mounts.items():
+            args += _traversable(path) + ["--bind", str(folder), path]
         if self.privileged:
             args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
             args += [arg for cap in _SETUP_CAPS for arg in ("--cap-add", cap)]
@@ -195,11 +200,12 @@ class BwrapSandbox(RunsAs):
         args += ["--die-with-parent", "--new-session"]
         if self.relayed:
             args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
-        return args + (["--remount-ro", "/"] if self.rootfs else []) + ["--"] + argv
+        return args + (["--remount-ro", "/"] if self.rootfs or self.mounts else []) + ["--"] + argv
 
     def _host_root(self) -> list[str]:
         """The host's root read-only, with the covers and the folders shown back described above."""
-        args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        # with `mounts`, / is a tmpfs holding the host's top-level entries, where their mount points can be made
+        args = _image_root(Path("/"), self.tmp) if self.mounts else ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         for folder in (Path("/run"), *map(Path, HOMES), self.root.parent, *self.hidden):
             if not folder.is_relative_to("/tmp") and folder.is_dir():  # other sessions; the run dir
                 args += _cover(folder)
