@@ -4,10 +4,13 @@
 - a SWE-bench-style dataset (JSONL whose first record has instance_id and problem_statement, or
   Parquet): suites.swebench, run with `harness: oracle`;
 - a YAML file whose top level is a suite reference: `suite: PATH` (relative to the file) with the
-  `harness` to run (default oracle), `num_samples`, `builder`, `network` and `metadata` (merged
-  into each task's) applied to every task of that suite;
+  `harness` to run (default oracle), `num_samples`, `builder`, `network`, `verifier_sandbox`
+  (session | fresh: where hidden tests run, docs/tasks.md) and `metadata` (merged into each
+  task's) applied to every task of that suite;
 - anything else: our own YAML / JSONL task files (config.load_tasks).
 Bad input raises ConfigError naming file, line (or row) and field; duplicate ids are refused.
+What is loaded but ignored or left out (a task.toml key not honoured, a multi-step task) is
+appended to `warnings`, one `FILE:LINE: FIELD: why` each.
 A task whose image was pulled (`polar-hpc image pull`, suites.images) runs in the cached entry.
 """
 
@@ -25,6 +28,7 @@ from polar_hpc.config import (
     ConfigError,
     HarnessSpec,
     Task,
+    TestsEvaluator,
     duplicate_ids,
     load_tasks,
     validate_data,
@@ -44,22 +48,23 @@ class SuiteRef(BaseModel):
     num_samples: int = Field(1, ge=1, le=MAX_SAMPLES)
     builder: Literal["per_request", "prefix_merge"] = "prefix_merge"
     network: Literal["none", "proxy-only", "host"] | None = None
+    verifier_sandbox: Literal["session", "fresh"] | None = None
     metadata: dict[str, Any] = {}
 
 
-def load(path: Path, cached_images: bool = True) -> list[Task]:
+def load(path: Path, cached_images: bool = True, warnings: list[str] | None = None) -> list[Task]:
     """The tasks of `path`; with `cached_images`, each pulled image replaced by its cache entry."""
-    tasks = _load(path)
+    tasks = _load(path, [] if warnings is None else warnings)
     return images.use_cached(tasks) if cached_images else tasks
 
 
-def _load(path: Path) -> list[Task]:
+def _load(path: Path, warnings: list[str]) -> list[Task]:
     if path.is_dir():
-        tasks = harbor.load(path, ORACLE)
+        tasks = harbor.load(path, ORACLE, warnings)
     elif swebench.is_dataset(path):
         tasks = swebench.load(path, ORACLE)
     elif path.suffix in (".yaml", ".yml") and _REFERENCE.search(read_text(path, MAX_YAML_BYTES)):
-        tasks = _reference(path)
+        tasks = _reference(path, warnings)
     else:
         return load_tasks(path)
     dup = duplicate_ids([t.id for t in tasks])
@@ -70,12 +75,12 @@ def _load(path: Path) -> list[Task]:
     return tasks
 
 
-def _reference(path: Path) -> list[Task]:
+def _reference(path: Path, warnings: list[str]) -> list[Task]:
     data, line_of = read_yaml(path)
     ref = validate_data(SuiteRef, data, path, line_of)
     target = path.parent / ref.suite
     if target.is_dir():
-        tasks = harbor.load(target, ref.harness)
+        tasks = harbor.load(target, ref.harness, warnings)
     elif target.is_file() and (target.suffix == ".parquet" or swebench.is_dataset(target)):
         tasks = swebench.load(target, ref.harness)
     else:
@@ -89,4 +94,6 @@ def _apply(task: Task, ref: SuiteRef) -> Task:
                               "metadata": task.metadata | ref.metadata}
     if ref.network:
         update["sandbox"] = task.sandbox.model_copy(update={"network": ref.network})
+    if ref.verifier_sandbox and isinstance(task.evaluator, TestsEvaluator):
+        update["evaluator"] = task.evaluator.model_copy(update={"sandbox": ref.verifier_sandbox})
     return task.model_copy(update=update)
