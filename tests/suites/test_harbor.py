@@ -9,6 +9,7 @@ left it, unless `verifier_sandbox: fresh`; a harness planting rewards or reading
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 from pathlib import Path
 
@@ -100,11 +101,11 @@ def test_fresh_mode_sees_only_the_diff_and_hostile_harnesses_gain_nothing(tmp_pa
              "echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > /logs/verifier/reward.json; "
              "mkdir -p /tests && printf 'echo 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh; "
              "echo 'hi' > answer.txt")
-    hostile = run(tmp_path, "hostile", f"{{kind: shell, command: {plant!r}}}")
+    hostile = run(tmp_path, "hostile", json.dumps({"kind": "shell", "command": plant}))
     for name in ("installed-tool", "multi-key", "text-reward"):
         t = hostile[name]
         assert (t.status, t.reward) == ("completed", 0.0), t.metadata
         diff = t.metadata["workspace_diff"]
         data = diff["data"].encode() if diff["encoding"] == "utf-8" else base64.b64decode(diff["data"])
-        assert b"+/tests:\n+\n+/solution:\n" in data, data  # both empty while the harness ran
+        assert b"+++ b/saw.txt\n@@ -0,0 +1,3 @@\n+/solution:\n+\n+/tests:\n" in data, data  # both empty then
     assert hostile["no-reward"].status == "error"  # its planted reward files were removed before the tests
