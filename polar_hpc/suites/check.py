@@ -39,7 +39,8 @@ def _evaluator(task: Task) -> str:
         return "-"
     if spec.kind == "tests":
         parts = (["tests/"] if spec.dir else []) + (["test patch"] if spec.patch else [])
-        return f"tests ({', '.join(parts) or 'command'}, {spec.timeout_s:g}s, {spec.sandbox} sandbox)"
+        fresh = ", fresh sandbox" if spec.sandbox == "fresh" else ""
+        return f"tests ({', '.join(parts) or 'command'}, {spec.timeout_s:g}s{fresh})"
     return spec.kind
 
 
