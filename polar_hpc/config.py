@@ -238,8 +238,9 @@ class TestsEvaluator(_Model):
     """Hidden tests (polar_hpc.suites), run once the harness has finished: `dir` (a folder of the
     task's, copied in only then, at /tests = $POLAR_TESTS_DIR) and / or `patch` (a diff applied to
     the workspace then), then `command` with `env`; the reward from /logs/verifier/reward.json (every
-    key kept), else reward.txt; neither is an error. `sandbox`: "session" runs them in the harness's
-    own sandbox as it left it (Harbor's way), "fresh" in a new sandbox holding only its workspace diff."""
+    key kept), else reward.txt; neither is an error (`reward: exit_code`: 1.0 on exit 0, else 0.0,
+    no file read). `sandbox`: "session" runs them in the harness's own sandbox as it left it
+    (Harbor's way), "fresh" in a new sandbox holding only its workspace diff."""
 
     kind: Literal["tests"]
     dir: str | None = None
@@ -248,6 +249,7 @@ class TestsEvaluator(_Model):
     timeout_s: float = Field(600.0, gt=0, le=86400)
     env: dict[_EnvName, _Text] = {}
     sandbox: Literal["session", "fresh"] = "session"
+    reward: Literal["file", "exit_code"] = "file"
 
 
 Evaluator = Annotated[

@@ -24,7 +24,8 @@
   number in it kept, in `Outcome.rewards`; without a "reward" key, reward.txt's number, if any, is
   its "reward"), else reward.txt (one number: "reward"); the reward is rewards["reward"] (None
   without it). No reward file, or one that is empty, malformed, linked, special, over
-  REWARD_FILE_MAX or non-finite, is an error (`Outcome.error`, the reason), never the exit code.
+  REWARD_FILE_MAX or non-finite, is an error (`Outcome.error`, the reason), never the exit code
+  (unless `spec.reward` is "exit_code": then 1.0 on exit 0, else 0.0, and no file is read).
   The detail ends with the tail of the tests' output.
 
 The command evaluator sees the sandbox as the harness left it.
@@ -118,6 +119,8 @@ async def _tests(spec: TestsEvaluator, sandbox: Sandbox, diff: bytes | str | Non
     t1 = time.monotonic()
     ran = await _command(spec, sandbox, env, "tests")
     timings = {"apply_s": round(t1 - t0, 6), "tests_s": round(time.monotonic() - t1, 6)}
+    if spec.reward == "exit_code":
+        return Outcome(ran.reward, f"tests {ran.detail}", timings)
     found = await _rewards(sandbox.mounts[VERIFIER], sandbox.seen_at(VERIFIER))
     if isinstance(found, str):
         return Outcome(None, f"{found}; tests {ran.detail}", timings, error=found)

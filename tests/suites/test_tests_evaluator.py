@@ -142,3 +142,22 @@ def test_a_test_patch_that_does_not_apply_is_the_task_s_fault(tmp_path: Path, re
     assert out.reward is None and out.error and out.detail.startswith("the task's tests could not be put in place")
     good = "diff --git a/code.py b/code.py\n--- a/code.py\n+++ b/code.py\n@@ -1 +1 @@\n-VALUE = 1\n+VALUE = 2\n"
     assert score(tmp_path, b"", CHECK, patch=good).reward == 1.0
+
+
+def test_exit_code_reward_reads_no_file(tmp_path: Path, repo: Path) -> None:
+    async def go(test_sh: str):
+        (tmp_path / "tests" / "test.sh").write_text(test_sh)
+        fresh = box(tmp_path / "fresh", repo)
+        await fresh.start()
+        await workspace.snapshot(fresh)
+        try:
+            spec = config.TestsEvaluator(kind="tests", dir=str(tmp_path / "tests"), timeout_s=20, sandbox="fresh",
+                                         reward="exit_code")
+            return await evaluate(spec, fresh, [], b"")
+        finally:
+            await fresh.stop()
+
+    (tmp_path / "tests").mkdir()
+    assert asyncio.run(go("exit 0")).reward == 1.0
+    out = asyncio.run(go('echo 1 > "$POLAR_LOGS_DIR/reward.txt"; exit 1'))
+    assert (out.reward, out.error) == (0.0, None)  # SWE-bench rows: their test command's exit code
