@@ -129,6 +129,7 @@ _WHY = {  # why a key Harbor knows is not honoured here
     "gpu_types": "not honoured", "mcp_servers": "not honoured: no MCP server is started",
     "skills_dir": "not honoured: no skills are copied", "healthcheck": "not run",
     "build_timeout_sec": "not used: Dockerfiles are built as docs/tasks.md says", "steps": "multi-step task",
+    "workdir": "not honoured: the cwd is the session's workspace",
 }
 
 
