@@ -42,6 +42,7 @@ from typing import Callable, Protocol
 
 from polar_hpc import wire
 from polar_hpc.config import CommandEvaluator, PoolConfig, Task, TestsEvaluator
+from polar_hpc.gateway.held import GATE, Held
 from polar_hpc.harness import presets
 from polar_hpc.sandbox import Factory, Sandbox, SandboxError, files
 from polar_hpc.shards.writer import ShardWriter
@@ -74,6 +75,7 @@ class _Outcome:
     metadata: dict = field(default_factory=dict)
     marks: dict[str, float] = field(default_factory=dict)  # stage -> unix time it was entered
     fresh: asyncio.Task | None = None  # the evaluator's own sandbox, starting while the harness runs
+    held: Held | None = None  # tests in the session's sandbox: its command, held after the harness
     diff: bytes | str | None = None  # tests evaluator: the workspace diff, or why there is none
     evaluation_timings: dict[str, float] = field(default_factory=dict)
 
@@ -174,7 +176,12 @@ class Pipeline:
             proxy_url = sandbox.proxy_url(self.proxy.url)
             solution_at = sandbox.seen_at("/solution") if "/solution" in sandbox.mounts else None
             command, env = presets.launch(task, proxy_url, token, sid, sandbox.workspace, solution_at)
-            result = await sandbox.exec(command, env, spec.deadline - time.time())
+            if GATE in sandbox.mounts:  # the tests will run in this command's sandbox, left as it is
+                outcome.held = Held(sandbox)
+                hold = diffs.GIT_TIMEOUT_S + task.evaluator.timeout_s + EVALUATION_SLACK_S
+                result = await outcome.held.start(command, env, spec.deadline - time.time(), hold)
+            else:
+                result = await sandbox.exec(command, env, spec.deadline - time.time())
             outcome.marks["WAIT"] = time.time()  # harness ended; POSTRUN slot not yet taken
         except TimeoutError:
             outcome.status = "timeout"
@@ -201,7 +208,7 @@ class Pipeline:
         sandbox = self.make_sandbox(
             self.tmp_root / secrets.token_hex(8), box.files, box.prepare, box.network,
             proxy_socket=self.proxy.socket, image=box.image, gpus=box.gpus, hidden=hidden,
-            mounts=MOUNTS if isinstance(task.evaluator, TestsEvaluator) else None,
+            mounts=_mounts(task),
         )
         if box.storage_mb is not None:
             disk = min(sandbox.limits.max_disk_bytes, box.storage_mb << 20)
@@ -270,7 +277,8 @@ class Pipeline:
             except SandboxError as e:
                 metadata["evaluation"] = f"fresh evaluator sandbox failed: {e}"
                 return None
-        evaluation = await evaluate(task.evaluator, box, records, outcome.diff)
+        evaluation = await evaluate(task.evaluator, box, records, outcome.diff,
+                                    outcome.held.run if outcome.held and box is session_box else None)
         metadata["evaluation"] = evaluation.detail
         outcome.evaluation_timings |= evaluation.timings
         if evaluation.rewards:
@@ -306,6 +314,8 @@ class Pipeline:
             reward = await self._evaluate(spec, task, sandbox, records, outcome, metadata)
         if outcome.evaluation_timings:
             metadata["evaluation_timings"] = outcome.evaluation_timings
+        if outcome.held is not None:
+            await outcome.held.close()
         clean = [await sandbox.cancel(), await _stop_fresh(outcome.fresh)]
         if not all(clean):
             metadata["untrainable"] = "sandbox teardown could not verify that no process survived"
@@ -341,6 +351,14 @@ class Pipeline:
     def _update(self, session_id: str, state: str, outcome: _Outcome) -> None:
         t = outcome.marks[state] = time.time()
         self.send(wire.SessionUpdate(session_id=session_id, state=state, t=t))
+
+
+def _mounts(task: Task) -> dict[str, str] | None:
+    """Harbor's paths for a tests task; with tests in the session's sandbox, the gate that holds it."""
+    spec = task.evaluator
+    if not isinstance(spec, TestsEvaluator):
+        return None
+    return MOUNTS | ({GATE: "gate"} if spec.sandbox == "session" else {})
 
 
 def _wants_fresh(task: Task) -> bool:

@@ -162,11 +162,11 @@ class Sandbox:
     async def put(self, path: str, src: Path | None) -> None:
         """Empty the folder mounted at `path`, then copy the contents of the folder `src` (if any) into it."""
         folder = self.mounts[path]
-        await files.run(lambda: _remove(folder), None)
+        await files.run(lambda: _empty(folder), None)  # in place: a running command's bind still shows it
         if src is None:
-            folder.mkdir()
-        else:
-            await self._copy(f"copy {src} to {path}", src.parent, src.name, folder.parent, folder.name)
+            return
+        for name in sorted(p.name for p in src.iterdir()):
+            await self._copy(f"copy {src} to {path}", src, name, folder, name)
 
     async def exec(
         self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None
@@ -402,12 +402,18 @@ def _environ(pid: int) -> bytes:
         return b""
 
 
-def _remove(path: Path) -> None:
-    """Remove whatever is at `path` (a folder with all it holds; no link followed)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
+def _empty(folder: Path) -> None:
+    """Make `folder` an empty folder: what it holds removed, no link followed (one in its place
+    replaced by a folder)."""
+    if folder.is_symlink() or not folder.is_dir():
+        if folder.is_symlink() or folder.exists():
+            folder.unlink()
+        folder.mkdir()
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
 
 
 def _disk_usage(root: Path) -> int:

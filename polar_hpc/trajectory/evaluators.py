@@ -39,12 +39,13 @@ import math
 import re
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar_hpc.config import CommandEvaluator, RegexEvaluator, RewardFileEvaluator, TestsEvaluator
 from polar_hpc.sandbox import SandboxError, files
-from polar_hpc.sandbox.base import Sandbox
+from polar_hpc.sandbox.base import ExecResult, Sandbox
 from polar_hpc.trajectory import workspace
 from polar_hpc.trajectory.messages import final_answer
 from polar_hpc.wire import CallRecord
@@ -53,6 +54,9 @@ DETAIL_TAIL = 2000  # characters of command output kept in a detail
 REWARD_FILE_MAX = 4096  # bytes read from a reward file
 REWARD_FILE_TIMEOUT_S = 5.0  # the read of a reward file is given up after this
 TESTS, VERIFIER = "/tests", "/logs/verifier"  # Harbor's container paths: the sandbox's mounts
+
+
+Run = Callable[[str, dict[str, str], float], Awaitable[ExecResult]]
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,10 @@ async def evaluate(
     sandbox: Sandbox,
     records: list[CallRecord],
     diff: bytes | str | None = None,
+    run: Run | None = None,
 ) -> Outcome:
-    """`diff`: the harness's workspace diff (TestsEvaluator), or why it could not be taken."""
+    """`diff`: the harness's workspace diff (TestsEvaluator), or why it could not be taken; `run`
+    runs the tests' command (command, env, timeout_s) in place of `sandbox.exec`."""
     if spec is None:
         return Outcome(None, "no evaluator")
     if isinstance(spec, CommandEvaluator):
@@ -78,15 +84,15 @@ async def evaluate(
     if isinstance(spec, RewardFileEvaluator):
         return await _reward_file(sandbox, spec.path)
     if isinstance(spec, TestsEvaluator):
-        return await _tests(spec, sandbox, diff)
+        return await _tests(spec, sandbox, diff, run)
     if isinstance(spec, RegexEvaluator):
         return _regex(spec, records)
     raise TypeError(f"unknown evaluator spec {type(spec).__name__}")
 
 
 async def _command(spec: CommandEvaluator | TestsEvaluator, sandbox: Sandbox, env: dict[str, str] | None = None,
-                   what: str = "evaluator command") -> Outcome:
-    result = await sandbox.exec(spec.command, env=env or {}, timeout_s=spec.timeout_s)
+                   what: str = "evaluator command", run: Run | None = None) -> Outcome:
+    result = await (run or sandbox.exec)(spec.command, env or {}, spec.timeout_s)
     output = (result.stdout + result.stderr).decode(errors="replace").strip()
     tail = output[-DETAIL_TAIL:]
     if result.timed_out:
@@ -94,7 +100,7 @@ async def _command(spec: CommandEvaluator | TestsEvaluator, sandbox: Sandbox, en
     return Outcome(1.0 if result.returncode == 0 else 0.0, f"exit {result.returncode}: {tail}")
 
 
-async def _tests(spec: TestsEvaluator, sandbox: Sandbox, diff: bytes | str | None) -> Outcome:
+async def _tests(spec: TestsEvaluator, sandbox: Sandbox, diff: bytes | str | None, run: Run | None) -> Outcome:
     folder, t0 = f".polar-eval-{secrets.token_hex(8)}", time.monotonic()
     try:
         if spec.sandbox == "fresh":
@@ -117,7 +123,7 @@ async def _tests(spec: TestsEvaluator, sandbox: Sandbox, diff: bytes | str | Non
         return Outcome(None, reason, error=reason)
     env = spec.env | {"POLAR_TESTS_DIR": sandbox.seen_at(TESTS), "POLAR_LOGS_DIR": sandbox.seen_at(VERIFIER)}
     t1 = time.monotonic()
-    ran = await _command(spec, sandbox, env, "tests")
+    ran = await _command(spec, sandbox, env, "tests", run)
     timings = {"apply_s": round(t1 - t0, 6), "tests_s": round(time.monotonic() - t1, 6)}
     if spec.reward == "exit_code":
         return Outcome(ran.reward, f"tests {ran.detail}", timings)
