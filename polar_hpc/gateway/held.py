@@ -87,7 +87,10 @@ class Held:
 def _fifo(path: Path) -> int:
     """`path` opened read-write without blocking, only if it is a FIFO (no link followed: a
     command inside may have put anything there)."""
-    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:  # ELOOP: a link; ENOENT: removed
+        raise files.FileError(f"{path}: not the FIFO the gateway made ({e.strerror})") from None
     if not stat.S_ISFIFO(os.fstat(fd).st_mode):
         os.close(fd)
         raise files.FileError(f"{path}: not the FIFO the gateway made")

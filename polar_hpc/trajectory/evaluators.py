@@ -123,7 +123,10 @@ async def _tests(spec: TestsEvaluator, sandbox: Sandbox, diff: bytes | str | Non
         return Outcome(None, reason, error=reason)
     env = spec.env | {"POLAR_TESTS_DIR": sandbox.seen_at(TESTS), "POLAR_LOGS_DIR": sandbox.seen_at(VERIFIER)}
     t1 = time.monotonic()
-    ran = await _command(spec, sandbox, env, "tests", run)
+    try:
+        ran = await _command(spec, sandbox, env, "tests", run)
+    except (SandboxError, files.FileError) as e:  # e.g. a held command's gate spoiled from inside
+        return Outcome(None, f"the tests could not run: {e}", error=f"the tests could not run: {e}")
     timings = {"apply_s": round(t1 - t0, 6), "tests_s": round(time.monotonic() - t1, 6)}
     if spec.reward == "exit_code":
         return Outcome(ran.reward, f"tests {ran.detail}", timings)
