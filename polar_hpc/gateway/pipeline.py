@@ -21,8 +21,9 @@ task's tests and solution folders; its workspace is snapshotted as the base (tra
 once started, and once the harness has run, its workspace diff is captured (in its own sandbox)
 into the trajectory's metadata (`workspace_diff`: bytes, encoding utf-8 or base64, data; or
 `workspace_diff_error`). The tests then run in the harness's sandbox as it left it (`sandbox:
-session`, the default), or with `sandbox: fresh` in a fresh sandbox started (and snapshotted) as
-the harness starts, where the diff is applied; the tests arrive only then. A reward file missing
+session`, the default: in the harness's own command, held after it with its processes, gateway/held.py),
+or with `sandbox: fresh` in a fresh sandbox started (and snapshotted) as the harness starts, where
+the diff is applied; the tests arrive only then. A reward file missing
 or malformed ends the session `error` with the reason; every key of reward.json goes to the
 metadata's `rewards`. `evaluation_timings` holds capture_s, apply_s, tests_s (+ fresh_start_s).
 A task's `sandbox.storage_mb` lowers the sandbox's disk limit, `memory_mb` bounds its memory.
