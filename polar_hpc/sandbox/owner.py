@@ -4,11 +4,12 @@ A gateway that is not root runs harnesses as its own user (in a user namespace, 
 capabilities). A gateway running as root (as in CI) runs them as `run_as` (the topology's
 `sandbox.run_as_uid/gid`, 65534:65534 by default); each backend says how (bwrap: `inside.py
 --user`; apptainer: `--security uid:N,gid:N`). The sandbox's tmp and /dev/shm folders are given
-to that user at start, and its workspace and `mounts`, with all the gateway put there (uploads, a harness's
-config files), before each command; never following a link. No process of a sandbox runs between
-two of its commands (each command's PID namespace dies with it), so nothing inside can swap a path
-while the gateway walks it, and a hard link can only name a file of the workspace itself (link(2)
-does not cross the workspace's bind mount).
+to that user at start, and its workspace and `mounts`, with all the gateway put there (uploads, a
+harness's config files), before each command; never following a link. No process of a sandbox runs
+between two of its commands (each command's PID namespace dies with it; but for a harness command
+held for its tests, gateway/held.py, whose processes may: the walk, an fwalk with chown never
+following a link, stays safe against a path swapped under it), and a hard link can only name a
+file of the workspace itself (link(2) does not cross the workspace's bind mount).
 """
 
 from __future__ import annotations
