@@ -239,16 +239,21 @@ class RegexEvaluator(_Model):
 
 
 class TestsEvaluator(_Model):
-    """Hidden tests, run in a fresh sandbox holding the harness's workspace diff (polar_hpc.suites):
-    `dir` (a folder of the task's, copied in only then, at $POLAR_TESTS_DIR) and / or `patch` (a
-    diff applied to the workspace then), then `command`; reward from $POLAR_LOGS_DIR/reward.txt or
-    reward.json if it writes one, else 1.0 on exit 0."""
+    """Hidden tests (polar_hpc.suites), run once the harness has finished: `dir` (a folder of the
+    task's, copied in only then, at /tests = $POLAR_TESTS_DIR) and / or `patch` (a diff applied to
+    the workspace then), then `command` with `env`; the reward from /logs/verifier/reward.json (every
+    key kept), else reward.txt; neither is an error (`reward: exit_code`: 1.0 on exit 0, else 0.0,
+    no file read). `sandbox`: "session" runs them in the harness's own sandbox as it left it
+    (Harbor's way), "fresh" in a new sandbox holding only its workspace diff."""
 
     kind: Literal["tests"]
     dir: str | None = None
     patch: _Text | None = None
     command: _Text = 'bash "$POLAR_TESTS_DIR/test.sh"'
     timeout_s: float = Field(600.0, gt=0, le=86400)
+    env: dict[_EnvName, _Text] = {}
+    sandbox: Literal["session", "fresh"] = "session"
+    reward: Literal["file", "exit_code"] = "file"
 
 
 class SwebenchEvaluator(_Model):
@@ -276,6 +281,7 @@ class TaskSolution(_Model):
 
     dir: str | None = None
     patch: _Text | None = None
+    env: dict[_EnvName, _Text] = {}  # the oracle's environment (Harbor: [solution.env])
 
 
 class Task(_Model):

@@ -16,13 +16,19 @@ those in POSTRUN finish, and cuts whatever is still running after `within_s` (un
 A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
 is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 
-A tests evaluator (suites: hidden tests) gets the same, and more: both sandboxes snapshot their
-workspace as the base (trajectory.workspace) once started; the harness's sandbox hides the
-task's tests and solution folders; once the harness has run, its workspace diff is captured (in
-its own sandbox) into the trajectory's metadata (`workspace_diff`: bytes, encoding utf-8 or
-base64, data; or `workspace_diff_error`), and the evaluator applies it in the fresh sandbox,
-where the tests arrive only then. `evaluation_timings` holds fresh_start_s, capture_s, apply_s
-and tests_s. A task's `sandbox.storage_mb` lowers the sandbox's disk limit, `memory_mb` bounds its memory.
+A task with a tests evaluator (suites: hidden tests) gets Harbor's container paths: its sandboxes
+mount session folders at /tests, /solution, /logs/agent and /logs/verifier (MOUNTS), empty while
+the harness runs (the oracle finds its solution at /solution); the harness's sandbox hides the
+task's tests and solution folders; its workspace is snapshotted as the base (trajectory.workspace)
+once started, and once the harness has run, its workspace diff is captured (in its own sandbox)
+into the trajectory's metadata (`workspace_diff`: bytes, encoding utf-8 or base64, data; or
+`workspace_diff_error`). The tests then run in the harness's sandbox as it left it (`sandbox:
+session`, the default: in the harness's own command, held after it with its processes, gateway/held.py),
+or with `sandbox: fresh` in a fresh sandbox started (and snapshotted) as the harness starts, where
+the diff is applied; the tests arrive only then. A reward file missing
+or malformed ends the session `error` with the reason; every key of reward.json goes to the
+metadata's `rewards`. `evaluation_timings` holds capture_s, apply_s, tests_s (+ fresh_start_s).
+A task's `sandbox.storage_mb` lowers the sandbox's disk limit, `memory_mb` bounds its memory.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from typing import Callable, Protocol
 
 from polar_hpc import wire
 from polar_hpc.config import CommandEvaluator, PoolConfig, SwebenchEvaluator, Task, TestsEvaluator
+from polar_hpc.gateway.held import GATE, Held
 from polar_hpc.harness import presets
 from polar_hpc.sandbox import Factory, Sandbox, SandboxError, files
 from polar_hpc.shards.writer import ShardWriter
@@ -49,7 +56,8 @@ from polar_hpc.trajectory.model import Trajectory
 
 STDERR_TAIL = 4000
 EVALUATION_SLACK_S = 5.0  # an evaluation may end this long (+ a command's timeout_s) after the harness
-ON_DIFF = (TestsEvaluator, SwebenchEvaluator)  # judged on the harness's workspace diff, in a fresh sandbox
+ON_DIFF = (TestsEvaluator, SwebenchEvaluator)  # judged on the harness's workspace diff (a snapshot at start)
+MOUNTS = {"/tests": "tests", "/solution": "solution", "/logs/agent": "logs/agent", "/logs/verifier": "logs/verifier"}
 log = logging.getLogger("polar_hpc.gateway")
 
 
@@ -74,6 +82,7 @@ class _Outcome:
     metadata: dict = field(default_factory=dict)
     marks: dict[str, float] = field(default_factory=dict)  # stage -> unix time it was entered
     fresh: asyncio.Task | None = None  # the evaluator's own sandbox, starting while the harness runs
+    held: Held | None = None  # tests in the session's sandbox: its command, held after the harness
     diff: bytes | str | None = None  # tests evaluator: the workspace diff, or why there is none
     evaluation_timings: dict[str, float] = field(default_factory=dict)
 
@@ -175,6 +184,9 @@ class Pipeline:
                 await sandbox.start()
                 if isinstance(task.evaluator, ON_DIFF):
                     await diffs.snapshot(sandbox)
+                solution = task.solution.dir if task.solution and task.harness.kind == "oracle" else None
+                if solution and "/solution" in sandbox.mounts:
+                    await sandbox.put("/solution", Path(solution))
                 await self.proxy.open(sid, token)
                 await self._move(holding, "READY")
                 self._update(sid, "READY", outcome)
@@ -183,8 +195,14 @@ class Pipeline:
             if _wants_fresh(task):
                 outcome.fresh = asyncio.create_task(self._start_fresh(task, outcome))
             proxy_url = sandbox.proxy_url(self.proxy.url)
-            command, env = presets.launch(task, proxy_url, token, sid, sandbox.workspace)
-            result = await sandbox.exec(command, env, spec.deadline - time.time())
+            solution_at = sandbox.seen_at("/solution") if "/solution" in sandbox.mounts else None
+            command, env = presets.launch(task, proxy_url, token, sid, sandbox.workspace, solution_at)
+            if GATE in sandbox.mounts:  # the tests will run in this command's sandbox, left as it is
+                outcome.held = Held(sandbox)
+                hold = diffs.GIT_TIMEOUT_S + task.evaluator.timeout_s + EVALUATION_SLACK_S
+                result = await outcome.held.start(command, env, spec.deadline - time.time(), hold)
+            else:
+                result = await sandbox.exec(command, env, spec.deadline - time.time())
             outcome.marks["WAIT"] = time.time()  # harness ended; POSTRUN slot not yet taken
         except TimeoutError:
             outcome.status = "timeout"
@@ -211,6 +229,7 @@ class Pipeline:
         sandbox = self.make_sandbox(
             self.tmp_root / secrets.token_hex(8), box.files, box.prepare, box.network,
             proxy_socket=self.proxy.socket, image=box.image, gpus=box.gpus, hidden=hidden,
+            mounts=_mounts(task),
         )
         if box.storage_mb is not None:
             disk = min(sandbox.limits.max_disk_bytes, box.storage_mb << 20)
@@ -279,10 +298,16 @@ class Pipeline:
             except SandboxError as e:
                 metadata["evaluation"] = f"fresh evaluator sandbox failed: {e}"
                 return None
-        evaluation = await evaluate(task.evaluator, box, records, outcome.diff)
+        evaluation = await evaluate(task.evaluator, box, records, outcome.diff,
+                                    outcome.held.run if outcome.held and box is session_box else None)
         metadata["evaluation"] = evaluation.detail
         metadata |= evaluation.metadata
         outcome.evaluation_timings |= evaluation.timings
+        if evaluation.rewards:
+            metadata["rewards"] = evaluation.rewards
+        if evaluation.error:
+            outcome.status, outcome.error = "error", evaluation.error
+            metadata["error"] = evaluation.error
         return evaluation.reward
 
     async def _move(self, holding: list[str], stage: str) -> None:
@@ -311,6 +336,8 @@ class Pipeline:
             reward = await self._evaluate(spec, task, sandbox, records, outcome, metadata)
         if outcome.evaluation_timings:
             metadata["evaluation_timings"] = outcome.evaluation_timings
+        if outcome.held is not None:
+            await outcome.held.close()
         clean = [await sandbox.cancel(), await _stop_fresh(outcome.fresh)]
         if not all(clean):
             metadata["untrainable"] = "sandbox teardown could not verify that no process survived"
@@ -348,9 +375,18 @@ class Pipeline:
         self.send(wire.SessionUpdate(session_id=session_id, state=state, t=t))
 
 
+def _mounts(task: Task) -> dict[str, str] | None:
+    """Harbor's paths for a tests task; with tests in the session's sandbox, the gate that holds it."""
+    spec = task.evaluator
+    if not isinstance(spec, TestsEvaluator):
+        return None
+    return MOUNTS | ({GATE: "gate"} if spec.sandbox == "session" else {})
+
+
 def _wants_fresh(task: Task) -> bool:
     spec = task.evaluator
-    return isinstance(spec, ON_DIFF) or (isinstance(spec, CommandEvaluator) and spec.sandbox == "fresh")
+    return isinstance(spec, SwebenchEvaluator) or (
+        isinstance(spec, (TestsEvaluator, CommandEvaluator)) and spec.sandbox == "fresh")
 
 
 async def _stop_fresh(fresh: asyncio.Task | None) -> bool:

@@ -18,7 +18,7 @@ those that size their own requests are given `CONTEXT_TOKENS` and `OUTPUT_TOKENS
 | claude_code | Anthropic Messages, streaming | env only (ANTHROPIC_*, IS_SANDBOX) | `claude -p` |
 | opencode | OpenAI Chat, streaming | `opencode.json` (openai-compatible provider) | `opencode run` |
 | qwen_code | OpenAI Chat, streaming | `~/.qwen/settings.json`, env OPENAI_* | `qwen --yolo -p` |
-| oracle | none: the task's solution | `.polar/oracle/` (solution, `solution.patch`) | `git apply`, `bash solve.sh` |
+| oracle | none: the task's solution | `.polar/oracle/` (solution, `solution.patch`) or /solution | `git apply`, `bash solve.sh` |
 | noop | none | nothing | `true` |
 
 `oracle` and `noop` validate a suite before training (oracle scores 1.0, noop 0.0 on a sound
@@ -47,15 +47,19 @@ OUTPUT_TOKENS = 4096  # their cap on a reply: their default (32000) overflows su
 
 
 def launch(
-    task: Task, proxy_url: str, token: str, session_id: str, workspace: Path
+    task: Task, proxy_url: str, token: str, session_id: str, workspace: Path, solution_at: str | None = None
 ) -> tuple[str, dict[str, str]]:
+    """`solution_at`: where the oracle finds the task's solution folder already put (Harbor's
+    /solution), else it is copied into the workspace."""
     env = shell.environment(task, proxy_url, token, session_id, workspace)
     kind = task.harness.kind
     if kind == "shell":
         assert task.harness.command is not None  # HarnessSpec requires it for shell
         return task.harness.command, env
     if kind in ("oracle", "noop"):
-        return (oracle(task, workspace) if kind == "oracle" else "true"), env
+        if kind == "noop":
+            return "true", env
+        return oracle(task, workspace, solution_at), env | (dict(task.solution.env) if task.solution else {})
     model = task.harness.env.get("POLAR_MODEL", "polar")
     command, extra = PRESETS[kind](proxy_url, token, model, workspace)
     return task.harness.command or command, env | extra | dict(task.harness.env)
@@ -67,15 +71,18 @@ def _write(workspace: Path, rel: str, text: str) -> Path:
     return workspace / rel
 
 
-def oracle(task: Task, workspace: Path) -> str:
-    """Copy the task's solution into the workspace; the command that applies it."""
+def oracle(task: Task, workspace: Path, solution_at: str | None = None) -> str:
+    """Copy the task's solution into the workspace (its folder: unless at `solution_at`); the
+    command that applies it."""
     solution, steps = task.solution, []
     if solution is None:
         return "echo 'harness oracle: this task has no solution' >&2; exit 2"
     if solution.patch:
         patch = _write(workspace, f"{_DIR}/oracle/solution.patch", solution.patch)  # by its full path: the
         steps.append(f"{diffs.GIT} apply --binary {shlex.quote(str(patch))}")  # cwd may be the image's WORKDIR
-    if solution.dir:
+    if solution.dir and solution_at:
+        steps.append(f"bash {shlex.quote(f'{solution_at}/solve.sh')}")
+    elif solution.dir:
         src = Path(solution.dir)
         files.copy(src.parent, src.name, workspace, f"{_DIR}/oracle/solution", ORACLE_MAX_BYTES, threading.Event())
         steps.append(f"bash {shlex.quote(f'{_DIR}/oracle/solution/solve.sh')}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -55,7 +56,10 @@ def load_run_tasks(tasks_path: Path | None, topology: Topology) -> list[Task]:
             raise ConfigError("no task file given; only a service run (service.enabled, or `run --service`) "
                               "may start without one")
         return []
-    tasks = suites.load(tasks_path)  # our task files, Harbor task folders, SWE-bench datasets
+    warnings: list[str] = []
+    tasks = suites.load(tasks_path, warnings=warnings)  # our task files, Harbor task folders, SWE-bench datasets
+    for warning in warnings:  # what a suite holds that this run ignores or leaves out
+        print(f"warning: {warning}", file=sys.stderr)
     if problems := suites.images.unpulled(tasks):  # refused before the run, never run on the host's tree
         raise ConfigError("\n".join(problems))
     return tasks

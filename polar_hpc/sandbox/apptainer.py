@@ -65,6 +65,7 @@ def available(executable: str = "apptainer") -> bool:
 
 class ApptainerSandbox(RunsAs):
     name = "apptainer"
+    binds_mounts = True
     pid_namespace = True
     isolates_network = True
     python = "python3"
@@ -97,6 +98,7 @@ class ApptainerSandbox(RunsAs):
         args = [self.settings.executable, "instance", "start", "--containall", "--no-home", *self._unprivileged()]
         args += ["--overlay", str(self.overlay), "--bind", f"{ws}:{ws}", "--bind", f"{tmp}:/tmp"]
         args += ["--bind", f"{self.shm}:/dev/shm", "--bind", f"{INSIDE}:{_INSIDE_AT}:ro"]
+        args += [arg for path, folder in self.mounts.items() for arg in ("--bind", f"{folder}:{path}")]
         if self.network != "host":
             args += ["--net", "--network", "none"]
         if self.relayed:

@@ -13,6 +13,11 @@ A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root
   through a link) is refused. `SandboxError` names what went wrong.
 - Launching a command can fail (an argument or environment over the kernel's limit, a NUL byte, a
   bad environment name): `exec` raises `SandboxError` with the reason.
+- `mounts` (in-sandbox absolute path -> a folder name under `root`): folders of the session made
+  at start and shown at those paths where the backend can (`binds_mounts`; elsewhere a command
+  finds them at their host folders: `seen_at(path)` says which). `put(path, src)` empties the
+  folder mounted at `path` (whatever a command left there, no link followed) and copies the
+  folder `src`'s contents in (e.g. the tests at /tests).
 - `cancel()` kills every process of the sandbox now and returns True only when it could verify
   that none survives; `stop()` does the same, then removes the files and the cgroup.
 
@@ -70,6 +75,7 @@ class Sandbox:
     name = "base"
     pid_namespace = False  # each command runs in its own PID namespace, gone when it exits
     isolates_network = False  # network none/proxy-only get a network namespace of their own
+    binds_mounts = False  # `mounts` are seen at their own paths (else at their host folders)
     cgroup_sealed = False  # no command can leave the sandbox's cgroup (its cgroup files are read-only inside)
     python = sys.executable  # the sandbox's python3, which runs inside.py
     python_flags: tuple[str, ...] = ("-I", "-S")  # stdlib only: no site hook, no PYTHON* variable; starts faster
@@ -89,6 +95,7 @@ class Sandbox:
         gpus: bool = False,
         hidden: tuple[Path, ...] = (),
         cgroups: cg.Cgroups | None = None,
+        mounts: dict[str, str] | None = None,
     ) -> None:
         self.root = root
         self.workspace = root / "work"
@@ -101,6 +108,7 @@ class Sandbox:
         self.image = image
         self.gpus = gpus  # backends that cannot give GPUs ignore it
         self.hidden = hidden  # host folders the harness must not see (the run directory)
+        self.mounts = {path: root / name for path, name in (mounts or {}).items()}
         self.marker = secrets.token_hex(8)
         self._pgids: set[int] = set()
         self._cgroups = cgroups
@@ -123,6 +131,8 @@ class Sandbox:
     async def start(self) -> None:
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
+        for folder in self.mounts.values():
+            folder.mkdir(parents=True, exist_ok=True)
         if self.limits.use_cgroup:
             self._cgroup = (self._cgroups or cg.local()).create(f"sb-{self.marker}", self.limits)
         if self.limits.max_memory_bytes is not None and not self._memory_cgroup:
@@ -144,6 +154,19 @@ class Sandbox:
     async def download(self, path: str, dest: Path) -> None:
         """Copy `path` (a file or folder) of the workspace to `dest` on the host."""
         await self._copy(f"download {path} to {dest}", self.workspace, path, dest.parent, dest.name)
+
+    def seen_at(self, path: str) -> str:
+        """Where a command of this sandbox finds the folder mounted at `path`."""
+        return path if self.binds_mounts else str(self.mounts[path])
+
+    async def put(self, path: str, src: Path | None) -> None:
+        """Empty the folder mounted at `path`, then copy the contents of the folder `src` (if any) into it."""
+        folder = self.mounts[path]
+        await files.run(lambda: _empty(folder), None)  # in place: a running command's bind still shows it
+        if src is None:
+            return
+        for name in sorted(p.name for p in src.iterdir()):
+            await self._copy(f"copy {src} to {path}", src, name, folder, name)
 
     async def exec(
         self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None
@@ -377,6 +400,20 @@ def _environ(pid: int) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+def _empty(folder: Path) -> None:
+    """Make `folder` an empty folder: what it holds removed, no link followed (one in its place
+    replaced by a folder)."""
+    if folder.is_symlink() or not folder.is_dir():
+        if folder.is_symlink() or folder.exists():
+            folder.unlink()
+        folder.mkdir()
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
 
 
 def _disk_usage(root: Path) -> int:

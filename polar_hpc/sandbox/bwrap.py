@@ -19,6 +19,9 @@ is `run_as` or the gateway's user), with the image's Env under the task's, in th
 python3 and PATH are the image's. A root gateway drops to `run_as` (setpriv) before bwrap, so
 nothing of an image sandbox but its mounts' setup runs as host root. An image that is not a
 folder (not pulled) fails the start.
+The sandbox's `mounts` (e.g. /tests, /logs/verifier) are bound read-write at their paths (in an
+image, through the layer's stage); with them, the host's tree is shown as a tmpfs / holding its
+top-level entries read-only, where their mount points can be made.
 
 Who it runs as (owner.py): a gateway that is not root runs bwrap in a user namespace, where bwrap
 drops every capability; the command's host uid is the gateway's. A gateway running as root (as in
@@ -64,6 +67,7 @@ from polar_hpc.sandbox.owner import RunsAs
 
 HOMES = ("/root", "/home")
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # a command's PATH in an image
+_OURS = ("dev", "proc", "tmp", "run")  # what the sandbox mounts itself, never taken from the tree under it
 _COVER_BYTES = 1 << 20  # an empty cover only holds mount points
 _SETUP_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # all inside.py or setpriv needs to drop to `run_as`
 # Names the launcher's shell can restore (others, rare, send the command through inside.py): an
@@ -134,6 +138,7 @@ class BwrapSandbox(RunsAs):
     name = "bwrap"
     pid_namespace = True
     isolates_network = True
+    binds_mounts = True
     cgroup_sealed = True  # commands join the cgroup before bwrap starts; /sys/fs/cgroup is read-only inside
     inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
 
@@ -217,6 +222,8 @@ class BwrapSandbox(RunsAs):
         args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
         args += ["--perms", "0755", "--dir", "/run/polar", "--ro-bind", str(INSIDE), self.inside]
         args += _traversable(ws) + ["--bind", ws, ws, "--chdir", ws]
+        for path, folder in self.mounts.items():
+            args += _traversable(path) + ["--bind", str(folder), path]
         if self.privileged:
             args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
             args += [arg for cap in _SETUP_CAPS for arg in ("--cap-add", cap)]
@@ -227,7 +234,7 @@ class BwrapSandbox(RunsAs):
         args += ["--die-with-parent", "--new-session"]
         if self.relayed:
             args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
-        return args + ["--"] + argv
+        return args + (["--remount-ro", "/"] if self.mounts else []) + ["--"] + argv
 
     def _image_wrap(self, argv: list[str]) -> list[str]:
         """The image under the session's layer as /, the same /dev, /proc, /tmp, /run/polar and
@@ -249,6 +256,9 @@ class BwrapSandbox(RunsAs):
         args += ["--chdir", self.cwd or ws]
         if self.relayed:
             args += ["--bind", f"{stage}/proxy.sock", self.proxy_socket_inside]
+        for i, (path, folder) in enumerate(self.mounts.items()):
+            binds[f"mount{i}"] = folder
+            args += _traversable(path) + ["--bind", f"{stage}/mount{i}", path]
         uid, gid = user_ids(self.rootfs, self.config.user)
         args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--unshare-ipc", "--unshare-pid",
                  "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
@@ -258,7 +268,8 @@ class BwrapSandbox(RunsAs):
 
     def _host_root(self) -> list[str]:
         """The host's root read-only, with the covers and the folders shown back described above."""
-        args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        # with `mounts`, / is a tmpfs holding the host's top-level entries, where their mount points can be made
+        args = _tmpfs_root(Path("/"), self.tmp) if self.mounts else ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         for folder in (Path("/run"), *map(Path, HOMES), self.root.parent, *self.hidden):
             if not folder.is_relative_to("/tmp") and folder.is_dir():  # other sessions; the run dir
                 args += _cover(folder)
@@ -271,3 +282,16 @@ class BwrapSandbox(RunsAs):
                 args += _cover(folder)
         return args
 
+
+def _tmpfs_root(tree: Path, tmp: Path) -> list[str]:
+    """/ as a tmpfs holding `tree`'s top-level entries (bound read-only; links recreated, not followed)."""
+    args = []
+    with os.scandir(tree) as entries:
+        for e in sorted(entries, key=lambda e: e.name):
+            if e.name in _OURS:
+                continue
+            if e.is_symlink():
+                args += ["--symlink", os.readlink(e.path), f"/{e.name}"]
+            elif e.is_dir(follow_symlinks=False) or e.is_file(follow_symlinks=False):
+                args += ["--ro-bind", e.path, f"/{e.name}"]
+    return args + ["--dev", "/dev", "--proc", "/proc", "--bind", str(tmp), "/tmp", "--perms", "0755", "--tmpfs", "/run"]

@@ -4,11 +4,12 @@ A gateway that is not root runs harnesses as its own user (in a user namespace, 
 capabilities). A gateway running as root (as in CI) runs them as `run_as` (the topology's
 `sandbox.run_as_uid/gid`, 65534:65534 by default); each backend says how (bwrap: `inside.py
 --user`; apptainer: `--security uid:N,gid:N`). The sandbox's tmp and /dev/shm folders are given
-to that user at start, and its workspace, with all the gateway put there (uploads, a harness's
-config files), before each command; never following a link. No process of a sandbox runs between
-two of its commands (each command's PID namespace dies with it), so nothing inside can swap a path
-while the gateway walks it, and a hard link can only name a file of the workspace itself (link(2)
-does not cross the workspace's bind mount).
+to that user at start, and its workspace and `mounts`, with all the gateway put there (uploads, a
+harness's config files), before each command; never following a link. No process of a sandbox runs
+between two of its commands (each command's PID namespace dies with it; but for a harness command
+held for its tests, gateway/held.py, whose processes may: the walk, an fwalk with chown never
+following a link, stays safe against a path swapped under it), and a hard link can only name a
+file of the workspace itself (link(2) does not cross the workspace's bind mount).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class RunsAs(Sandbox):
         return options
 
     async def _launch(self) -> None:
-        for folder in (self.workspace, self.tmp, self.shm):
+        for folder in (self.workspace, self.tmp, self.shm, *self.mounts.values()):
             folder.mkdir(parents=True, exist_ok=True)
             if self.privileged:
                 give(folder, *self.run_as)
@@ -61,7 +62,8 @@ class RunsAs(Sandbox):
         self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None
     ) -> ExecResult:
         if self.privileged:  # what the gateway put there since (uploads, a harness's config files)
-            give(self.workspace, *self.run_as)
+            for folder in (self.workspace, *(m for m in self.mounts.values() if m.is_dir())):
+                give(folder, *self.run_as)
             socket = self.proxy_socket
             if self.relayed and socket is not None and socket.exists():  # connectable; its host folder stays closed
                 socket.chmod(0o666)

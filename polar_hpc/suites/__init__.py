@@ -4,11 +4,14 @@
 - a SWE-bench dataset as published (JSON Lines or a JSON array whose first record has
   instance_id and problem_statement, or Parquet): suites.swebench, run with `harness: oracle`;
 - a YAML file whose top level is a suite reference: `suite: PATH` (relative to the file) with the
-  `harness` to run (default oracle), `num_samples`, `builder`, `network` and `metadata` (merged
-  into each task's) applied to every task of that suite, and for a SWE-bench dataset `image`, a
-  template naming every instance's image (suites.swebench);
+  `harness` to run (default oracle), `num_samples`, `builder`, `network`, `verifier_sandbox`
+  (session | fresh: where hidden tests run, docs/tasks.md) and `metadata` (merged into each
+  task's) applied to every task of that suite, and for a SWE-bench dataset `image`, a template
+  naming every instance's image (suites.swebench);
 - anything else: our own YAML / JSONL task files (config.load_tasks).
 Bad input raises ConfigError naming file, line (or row) and field; duplicate ids are refused.
+What is loaded but ignored or left out (a task.toml key not honoured, a multi-step task) is
+appended to `warnings`, one `FILE:LINE: FIELD: why` each.
 A task whose image was pulled (`polar-hpc image pull`, suites.images) runs in the cached entry.
 """
 
@@ -27,6 +30,7 @@ from polar_hpc.config import (
     ConfigError,
     HarnessSpec,
     Task,
+    TestsEvaluator,
     duplicate_ids,
     load_tasks,
     validate_data,
@@ -46,6 +50,7 @@ class SuiteRef(BaseModel):
     num_samples: int = Field(1, ge=1, le=MAX_SAMPLES)
     builder: Literal["per_request", "prefix_merge"] = "prefix_merge"
     network: Literal["none", "proxy-only", "host"] | None = None
+    verifier_sandbox: Literal["session", "fresh"] | None = None
     metadata: dict[str, Any] = {}
     image: str | None = None  # SWE-bench datasets: a template for each instance's image
 
@@ -55,19 +60,19 @@ class SuiteRef(BaseModel):
         return None if value is None else swebench.check_template(value)
 
 
-def load(path: Path, cached_images: bool = True) -> list[Task]:
+def load(path: Path, cached_images: bool = True, warnings: list[str] | None = None) -> list[Task]:
     """The tasks of `path`; with `cached_images`, each pulled image replaced by its cache entry."""
-    tasks = _load(path)
+    tasks = _load(path, [] if warnings is None else warnings)
     return images.use_cached(tasks) if cached_images else tasks
 
 
-def _load(path: Path) -> list[Task]:
+def _load(path: Path, warnings: list[str]) -> list[Task]:
     if path.is_dir():
-        tasks = harbor.load(path, ORACLE)
+        tasks = harbor.load(path, ORACLE, warnings)
     elif swebench.is_dataset(path):
         tasks = swebench.load(path, ORACLE)
     elif path.suffix in (".yaml", ".yml") and _REFERENCE.search(read_text(path, MAX_YAML_BYTES)):
-        tasks = _reference(path)
+        tasks = _reference(path, warnings)
     else:
         return load_tasks(path)
     dup = duplicate_ids([t.id for t in tasks])
@@ -78,12 +83,12 @@ def _load(path: Path) -> list[Task]:
     return tasks
 
 
-def _reference(path: Path) -> list[Task]:
+def _reference(path: Path, warnings: list[str]) -> list[Task]:
     data, line_of = read_yaml(path)
     ref = validate_data(SuiteRef, data, path, line_of)
     target = path.parent / ref.suite
     if target.is_dir() and ref.image is None:
-        tasks = harbor.load(target, ref.harness)
+        tasks = harbor.load(target, ref.harness, warnings)
     elif target.is_dir():
         raise ConfigError(f"{path}:{line_of(('image',))}: image: only for a SWE-bench dataset (a Harbor task names "
                           "its own)")
@@ -101,4 +106,6 @@ def _apply(task: Task, ref: SuiteRef) -> Task:
                               "metadata": task.metadata | ref.metadata}
     if ref.network:
         update["sandbox"] = task.sandbox.model_copy(update={"network": ref.network})
+    if ref.verifier_sandbox and isinstance(task.evaluator, TestsEvaluator):
+        update["evaluator"] = task.evaluator.model_copy(update={"sandbox": ref.verifier_sandbox})
     return task.model_copy(update=update)

@@ -13,8 +13,12 @@ from polar_hpc.config import ConfigError, Task
 
 
 def show(path: Path, console: Console) -> None:
-    """Load `path` as `polar-hpc run` would (ConfigError on bad input) and print its tasks."""
-    tasks = suites.load(path)
+    """Load `path` as `polar-hpc run` would (ConfigError on bad input) and print what it ignores
+    (one `warning: FILE:LINE: FIELD: why` each) and its tasks."""
+    warnings: list[str] = []
+    tasks = suites.load(path, warnings=warnings)
+    for warning in warnings:
+        console.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
     table = Table("task", "suite", "harness", "environment", "timeout_s", "evaluator", "solution", "resources",
                   title=f"{path}: {len(tasks)} task(s), {sum(t.num_samples for t in tasks)} session(s)")
     for task in tasks:
@@ -42,7 +46,8 @@ def _evaluator(task: Task) -> str:
         return "-"
     if spec.kind == "tests":
         parts = (["tests/"] if spec.dir else []) + (["test patch"] if spec.patch else [])
-        return f"tests ({', '.join(parts) or 'command'}, {spec.timeout_s:g}s)"
+        fresh = ", fresh sandbox" if spec.sandbox == "fresh" else ""
+        return f"tests ({', '.join(parts) or 'command'}, {spec.timeout_s:g}s{fresh})"
     if spec.kind == "swebench":
         return f"swebench ({spec.instance['repo']} {spec.instance['version']}, {spec.timeout_s:g}s)"
     return spec.kind

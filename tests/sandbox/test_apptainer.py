@@ -61,6 +61,10 @@ def test_host_network_no_gpu_and_exec_stop_lines(tmp_path: Path) -> None:
     assert exec_argv[-4:] == ["--", "/bin/sh", "-c", "echo hi"]
     assert "--nproc" in exec_argv and "--relay" not in exec_argv
     assert sb.instance_stop_argv() == ["apptainer", "instance", "stop", "--force", sb.instance]
+    harbor = ApptainerSandbox(tmp_path / "h", {}, [], "host", settings=sb.settings, mounts={"/tests": "tests"})
+    assert harbor.seen_at("/tests") == "/tests"
+    argv = harbor.instance_start_argv("docker://python:3.11")
+    assert argv[argv.index(f"{tmp_path / 'h' / 'tests'}:/tests") - 1] == "--bind"  # Harbor's paths, bound
 
 
 def test_environment_travels_as_apptainerenv_without_the_host_path(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Suites run end to end (`polar-hpc run`, bubblewrap): the oracle scores 1.0 and the no-op 0.0 on
 every example; hostile harnesses gain nothing from the hidden tests or reward files; the workspace
-diff is captured binary-safe into the trajectory and applied in a fresh sandbox."""
+diff is captured binary-safe into the trajectory (and applied in a fresh sandbox with
+`verifier_sandbox: fresh`)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_oracle_scores_one_and_noop_zero_on_every_example(tmp_path: Path) -> Non
     for t in oracle:
         diff = diff_of(t)
         assert diff.startswith(b"diff --git") and b".polar" not in diff and b"instruction.txt" not in diff
-        assert set(t.metadata["evaluation_timings"]) == {"fresh_start_s", "capture_s", "apply_s", "tests_s"}
+        assert set(t.metadata["evaluation_timings"]) == {"capture_s", "apply_s", "tests_s"}  # in its own sandbox
         assert "Ran " in t.metadata["evaluation"] and "OK" in t.metadata["evaluation"]
     ref = tmp_path / "noop.yaml"
     ref.write_text(f"suite: {EXAMPLES}\nharness: {{kind: noop}}\n")
@@ -78,7 +79,7 @@ disk*) head -c 8000000 /dev/zero > big; sleep 5;;
 esac
 """
         ref = tmp_path / "hostile.yaml"
-        ref.write_text(f"suite: {suite}\nharness:\n  kind: shell\n  command: |\n"
+        ref.write_text(f"suite: {suite}\nverifier_sandbox: fresh\nharness:\n  kind: shell\n  command: |\n"
                        + "".join(f"    {line}\n" for line in command.strip().splitlines()))
         by_id = {t.task_id: t for t in run(tmp_path, ref, "hostile")}
     finally:

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo "$ANSWER $GREETING" > answer.txt
