@@ -135,6 +135,13 @@ class Scheduler:
 
     def _dispatch(self, identity: bytes, gw: Gateway) -> None:
         specs = self.table.take(identity, gw.credit)
+        for s in self.table.unsendable:
+            assert s.result is not None
+            log.error("session %s: %s", s.session_id, s.result.error)
+            self.journal.write("result", session=s.session_id, task=s.task.id, sample=s.sample_index,
+                               attempt=s.attempt, status="error", reward=None, shard="", n_tokens=0,
+                               error=s.result.error)
+        self.table.unsendable.clear()
         if not specs:
             return
         gw.credit -= len(specs)

@@ -19,6 +19,7 @@ The task id is the folder's name. Every problem of every task is reported, as
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -28,6 +29,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_hpc.config import (
+    MAX_MB,
     MAX_TIMEOUT_S,
     TASK_ID,
     ConfigError,
@@ -36,6 +38,7 @@ from polar_hpc.config import (
     TaskSandbox,
     TaskSolution,
     TestsEvaluator,
+    plain,
     resolve_source,
 )
 from polar_hpc.config_files import read_text
@@ -44,10 +47,11 @@ from polar_hpc.suites import images
 MAX_INSTRUCTION_BYTES = 1 << 20
 MAX_TOML_BYTES = 1 << 20
 MAX_TASKS = 100_000  # task folders in one suite folder
+MAX_ENTRIES = 100_000  # entries of one task's tests/ or solution/ looked at for links
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
 class _Agent(_Section):
@@ -61,8 +65,8 @@ class _Verifier(_Section):
 class _Environment(_Section):
     docker_image: str | None = None
     cpus: float | None = Field(None, gt=0, le=4096)
-    memory_mb: int | None = Field(None, ge=1)
-    storage_mb: int | None = Field(None, ge=1)
+    memory_mb: int | None = Field(None, ge=1, le=MAX_MB)
+    storage_mb: int | None = Field(None, ge=1, le=MAX_MB)
 
 
 class TaskToml(_Section):
@@ -70,6 +74,12 @@ class TaskToml(_Section):
     verifier: _Verifier = _Verifier()
     environment: _Environment = _Environment()
     metadata: dict[str, Any] = {}
+
+    @pydantic.field_validator("metadata")
+    @classmethod
+    def _plain_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
+        plain(value)
+        return value
 
 
 def is_task(path: Path) -> bool:
@@ -121,9 +131,11 @@ def load_task(folder: Path, harness: HarnessSpec) -> Task:
     tests = source("tests", "tests")
     if tests is not None:
         source("tests/test.sh", "tests/test.sh")
+        problems.extend(_links(Path(tests), "tests"))
     solution = source("solution", "solution", required=False)
     if solution is not None:
         source("solution/solve.sh", "solution/solve.sh")
+        problems.extend(_links(Path(solution), "solution"))
     files = _workspace(folder, source)
     image = toml.environment.docker_image if toml else None
     image_source = f"{folder / 'task.toml'}:{_toml_line(toml_text, ('environment', 'docker_image'))}: environment.docker_image"
@@ -149,6 +161,18 @@ def load_task(folder: Path, harness: HarnessSpec) -> Task:
         metadata={"suite": "harbor", "task_dir": str(folder.absolute())} | (
             {"harbor": toml.metadata} if toml.metadata else {}) | ({"image_source": image_source} if image else {}),
     )
+
+
+def _links(root: Path, what: str) -> list[str]:
+    """A problem for each symbolic link below `root` (none is followed), or for too many entries."""
+    problems, seen = [], 0
+    for here, dirs, names in os.walk(root):
+        seen += len(dirs) + len(names)
+        if seen > MAX_ENTRIES:
+            return [f"{root}: {what}: more than {MAX_ENTRIES} entries"]
+        problems += [f"{Path(here) / n}: {what}: a symbolic link (links are not followed)"
+                     for n in dirs + names if (Path(here) / n).is_symlink()]
+    return problems
 
 
 def _instruction(folder: Path, problems: list[str]) -> str:

@@ -30,7 +30,7 @@ KEYS = ("instance_id", "problem_statement")  # a JSONL file whose first record h
 
 
 class Instance(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     instance_id: str
     problem_statement: str = Field(min_length=1)
