@@ -50,6 +50,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from polar_hpc.sandbox import checkouts
 from polar_hpc.sandbox.base import INSIDE, MARKER
 from polar_hpc.sandbox.inside import ENV_PREFIX
 from polar_hpc.sandbox.owner import RunsAs
@@ -90,20 +91,18 @@ def host_tools() -> dict[str, str] | None:
 
 @functools.cache
 def shown_dirs() -> tuple[str, ...]:
-    """Folders bound back read-only over the hidden /tmp, /root and /home: those holding this
-    interpreter, its virtualenv and the PATH entries (under /tmp the whole top-level folder, a
-    checkout with its virtualenv; under /root and /home only the folder itself; none inside
-    another, which shows it already: each bind costs bwrap a fraction of a ms). Found once per
-    process (realpath of every PATH entry: milliseconds, before every command otherwise)."""
+    """Folders bound back read-only where they live under a cover (/tmp, /root, /home, a checkout):
+    those holding this interpreter, its virtualenv and the PATH entries, each the folder itself and
+    not the one around it (a checkout around a virtualenv stays covered); none inside another,
+    which shows it already: each bind costs bwrap a fraction of a ms. Found once per process
+    (realpath of every PATH entry: milliseconds, before every command otherwise)."""
     wanted = [sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)]
-    shown = set()
-    for path in filter(os.path.isabs, wanted):
-        real = Path(os.path.realpath(path))
-        if len(real.parts) > 2 and real.parts[:2] == ("/", "tmp"):
-            shown.add(f"/tmp/{real.parts[2]}")
-        elif any(real.is_relative_to(home) for home in HOMES) and real.is_dir():
-            shown.add(str(real))
-    return tuple(sorted(p for p in shown if not any(Path(p).is_relative_to(q) and p != q for q in shown)))
+    shown = {str(real) for path in filter(os.path.isabs, wanted) if (real := Path(os.path.realpath(path))).is_dir()}
+    return _outermost(shown - {"/"})
+
+
+def _outermost(folders: set[str]) -> tuple[str, ...]:
+    return tuple(sorted(p for p in folders if not any(Path(p).is_relative_to(q) and p != q for q in folders)))
 
 
 def _prefixed(command: dict[str, str]) -> dict[str, str]:
@@ -200,11 +199,12 @@ class BwrapSandbox(RunsAs):
     def _host_root(self) -> list[str]:
         """The host's root read-only, with the covers and the folders shown back described above."""
         args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        for folder in (Path("/run"), *map(Path, HOMES), self.root.parent, *self.hidden):
-            if not folder.is_relative_to("/tmp") and folder.is_dir():  # other sessions; the run dir
+        covered = _outermost({"/run", *HOMES, str(self.root.parent), *map(str, self.hidden), *checkouts.project()})
+        for folder in map(Path, covered):  # other sessions; the run dir; checkouts holding hidden parts
+            if not folder.is_relative_to("/tmp") and folder.is_dir():
                 args += _cover(folder)
         args += ["--bind", str(self.tmp), "/tmp"]
-        shown = shown_dirs()
+        shown = [p for p in shown_dirs() if any(Path(p).is_relative_to(c) for c in ("/tmp", *covered))]
         for path in shown:
             args += _traversable(path) + ["--ro-bind", path, path]
         for folder in (self.root.parent, *self.hidden):  # e.g. a run dir inside a checkout under /tmp
