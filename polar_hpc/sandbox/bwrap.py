@@ -105,6 +105,24 @@ def _outermost(folders: set[str]) -> tuple[str, ...]:
     return tuple(sorted(p for p in folders if not any(Path(p).is_relative_to(q) and p != q for q in folders)))
 
 
+def unreachable(uid: int, gid: int) -> str | None:
+    """What keeps `uid:gid` (a root gateway's `run_as`) from running this interpreter in a sandbox
+    on the host's root, or None: a folder on its way it cannot search, or the file it cannot run,
+    as the sandbox shows them (host modes, except the folders bwrap makes to bind a shown folder back)."""
+    covers = ("/tmp", "/run", *HOMES, *checkouts.project())
+    made = {str(parent) for d in shown_dirs() if any(Path(d).is_relative_to(c) for c in covers)
+            for parent in Path(d).parents if any(parent.is_relative_to(c) for c in covers)}
+    for exe in (sys.executable, os.path.realpath(sys.executable)):
+        for step in (*reversed(Path(exe).parents), Path(exe)):
+            if str(step) in made:
+                continue
+            st = os.stat(step)
+            bits = st.st_mode >> 6 if st.st_uid == uid else st.st_mode >> 3 if st.st_gid == gid else st.st_mode
+            if not bits & 1:
+                return f"{step} (mode {st.st_mode & 0o7777:04o}, owner {st.st_uid}:{st.st_gid})"
+    return None
+
+
 def _prefixed(command: dict[str, str]) -> dict[str, str]:
     """bwrap's environment: bwrap runs on the host (as root for a root gateway), so it gets the
     gateway's PATH and the command's variables only as POLAR_ENV_*, which the launcher restores for
