@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import http.server
 import os
-import socket
 import subprocess
 import sys
+import tempfile
 import threading
-import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,16 +19,11 @@ import pytest
 
 from polar_hpc import security
 from polar_hpc.engines import identity
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from proxy.helpers import stop, wait_ready
 
 
 class _Open(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802: answers everything, asks for no key
+    def do_GET(self) -> None:  # noqa: N802 (answers everything, asks for no key)
         self.send_response(200)
         self.send_header("Content-Length", "2")
         self.end_headers()
@@ -53,23 +46,16 @@ def _plain_server() -> Iterator[int]:
 
 @contextmanager
 def _scripted(key: str) -> Iterator[int]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "engine", "--kind", "scripted", "--host", "0.0.0.0",
-                             "--port", str(port)], env=os.environ | {security.ENGINE_KEY_ENV: key},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).read()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "the scripted engine did not start"
-                time.sleep(0.1)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    """The scripted engine on a free port, demanding `key`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ready = Path(tmp) / "ready.json"
+        proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "engine", "--kind", "scripted", "--host", "0.0.0.0",
+                                 "--port", "0", "--ready-file", str(ready)], env=os.environ | {security.ENGINE_KEY_ENV: key},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            yield int(wait_ready(proc, ready).rsplit(":", 1)[1])
+        finally:
+            stop(proc)
 
 
 def test_identity_check_refuses_foreign_servers_and_accepts_the_runs_engine() -> None:
