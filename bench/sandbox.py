@@ -13,8 +13,8 @@
 - Where a cold start's time goes (medians, same run): start_ms (`start()`), exec_ms (`exec("true")`:
   the cgroup-joining shell, bwrap, the launcher), our_bwrap_ms (the sandbox's own bwrap command
   line, its mounts and namespaces, running /bin/true itself: no cgroup join, no launcher);
-  shown_dirs: how many host folders under /tmp, /root and /home (this interpreter's, the PATH's)
-  that line binds back (`bwrap.shown_dirs`), a bind mount each.
+  shown_dirs: how many host folders hold this interpreter and the PATH (`bwrap.shown_dirs`); those
+  under a cover (/tmp, /root, /home, a checkout) that line binds back, a bind mount each.
 - bare_bwrap_ms: in the same run, interleaved with the cold starts, `bwrap --ro-bind / / --dev /dev
   --proc /proc --unshare-all --die-with-parent --new-session true` started the same way as
   our_bwrap (asyncio, piped output); cold_to_bare_ratio = cold_start_ms / bare_bwrap_ms (goal <= 2).

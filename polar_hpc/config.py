@@ -25,18 +25,25 @@ import pydantic
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar_hpc import nofollow
 from polar_hpc.config_files import MAX_DEPTH, MAX_JSONL_BYTES, ConfigError, nesting, read_json_line, read_text, read_yaml
 
 MAX_SAMPLES = 10_000  # num_samples of one task
 DEFAULT_SAMPLES = 1  # num_samples of a task that names none
 MAX_SESSIONS = 1_000_000  # sessions (tasks x num_samples) of one task file
 MAX_TIMEOUT_S = 7 * 86400.0  # a session's timeout_s
+MAX_MB = 1 << 24  # a task's memory_mb / storage_mb (16 TiB)
+MAX_COUNT = 1 << 20  # a count of the topology (pool slots, pids, nodes, cpus, restarts, queued sessions)
+MAX_BYTES = 1 << 50  # a size in bytes of the topology
+MAX_SECONDS = 30 * 86400.0  # a period or timeout of the topology
+MAX_INT = (1 << 63) - 1  # a number in a task's metadata: what every codec of ours (msgpack, JSON) carries
 SCRIPTED_CONTEXT = 65536  # the scripted engine's context: harnesses' own prompts (~31k) + 16k replies
 TASK_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@+=/-]{0,255}")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # strict: a number is a number of its type (`true` is not 1, "3" is not 3); 3 is a valid float
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
 
 # --- topology -------------------------------------------------------------------------------------
@@ -47,12 +54,12 @@ class EngineConfig(_Model):
     model: str = "polar-scripted"
     model_path: str | None = None  # sglang/vllm: weights folder or hub id (default: `model`)
     python: str | None = None  # sglang/vllm: the Python that runs the server (default: polar-hpc's own)
-    tp_size: int = Field(1, ge=1)  # sglang/vllm: GPUs per server; a GPU node runs gpus/tp_size servers
+    tp_size: int = Field(1, ge=1, le=1024)  # sglang/vllm: GPUs per server; a GPU node runs gpus/tp_size servers
     port: int = Field(30000, ge=1, le=65535)  # sglang/vllm: first server's port on its node
     extra_args: list[str] = []  # sglang/vllm: appended to the server's command line
-    startup_timeout_s: float = Field(1800.0, gt=0)  # sglang/vllm: until /health answers
+    startup_timeout_s: float = Field(1800.0, gt=0, le=MAX_SECONDS)  # sglang/vllm: until /health answers
     script: str | None = None  # scripted engine: policy rules file
-    token_delay_ms: float = Field(0.0, ge=0)
+    token_delay_ms: float = Field(0.0, ge=0, le=60_000)
     weight_version: str = "v0"
     sample_log: bool = False  # scripted engine: log every generation to <run>/logs/engine-samples.jsonl
     context_length: int = Field(SCRIPTED_CONTEXT, ge=16, le=1 << 24)  # scripted engine: longest prompt + output
@@ -61,18 +68,18 @@ class EngineConfig(_Model):
 class PoolConfig(_Model):
     """Bounded pipeline stages of a gateway: INIT -> READY buffer -> RUN -> POSTRUN."""
 
-    init: int = Field(4, ge=1)
-    ready: int = Field(4, ge=0)
-    run: int = Field(8, ge=1)
-    postrun: int = Field(4, ge=1)
+    init: int = Field(4, ge=1, le=MAX_COUNT)
+    ready: int = Field(4, ge=0, le=MAX_COUNT)
+    run: int = Field(8, ge=1, le=MAX_COUNT)
+    postrun: int = Field(4, ge=1, le=MAX_COUNT)
 
 
 class GatewayConfig(_Model):
     pools: PoolConfig = PoolConfig()
-    heartbeat_s: float = Field(1.0, gt=0)
-    peer_timeout_s: float = Field(10.0, gt=0)
-    shard_max_bytes: int = Field(64 << 20, ge=1)
-    shard_max_age_s: float = Field(60.0, gt=0)
+    heartbeat_s: float = Field(1.0, gt=0, le=3600)
+    peer_timeout_s: float = Field(10.0, gt=0, le=MAX_SECONDS)
+    shard_max_bytes: int = Field(64 << 20, ge=1, le=MAX_BYTES)
+    shard_max_age_s: float = Field(60.0, gt=0, le=MAX_SECONDS)
 
 
 class ProxyConfig(_Model):
@@ -81,39 +88,39 @@ class ProxyConfig(_Model):
     tokenizer: str | None = None  # tito: model folder (default: the engine's tokenizer_path)
     tool_parser: Literal["auto", "hermes", "qwen3_coder"] = "auto"
     strict_model: bool = False  # refuse requests naming another model (default: serve ours)
-    max_body_mb: float = Field(32, gt=0)  # larger request bodies get 413
-    engine_wait_s: float = Field(30, ge=0)  # a call waits this long for an engine while none is up
+    max_body_mb: float = Field(32, gt=0, le=1 << 20)  # larger request bodies get 413
+    engine_wait_s: float = Field(30, ge=0, le=MAX_SECONDS)  # a call waits this long for an engine while none is up
 
 
 class ApptainerConfig(_Model):
     image: str | None = None  # the image of tasks that name none
     image_dir: str | None = None  # where relative image names are found (shared filesystem)
     node_local_dir: str | None = None  # SIF images are copied here once per node (default: node tmp)
-    starts_per_node: int = Field(16, ge=1)
-    starts_per_image: int = Field(8, ge=1)
+    starts_per_node: int = Field(16, ge=1, le=MAX_COUNT)
+    starts_per_image: int = Field(8, ge=1, le=MAX_COUNT)
 
 
 class SandboxConfig(_Model):
     backend: Literal["auto", "bwrap", "apptainer", "none"] = "auto"
-    max_pids: int = Field(512, ge=16)
-    max_file_bytes: int = Field(1 << 30, ge=1)
-    max_disk_bytes: int = Field(4 << 30, ge=1)
-    max_output_bytes: int = Field(1 << 20, ge=1)
-    max_cpus: float = Field(1.0, gt=0)  # per sandbox, where a cpu cgroup can be made
+    max_pids: int = Field(512, ge=16, le=MAX_COUNT)
+    max_file_bytes: int = Field(1 << 30, ge=1, le=MAX_BYTES)
+    max_disk_bytes: int = Field(4 << 30, ge=1, le=MAX_BYTES)
+    max_output_bytes: int = Field(1 << 20, ge=1, le=MAX_BYTES)
+    max_cpus: float = Field(1.0, gt=0, le=4096)  # per sandbox, where a cpu cgroup can be made
     # a gateway running as root runs harnesses (bwrap, apptainer) as this host user, never as root
-    run_as_uid: int = Field(65534, ge=1)
-    run_as_gid: int = Field(65534, ge=1)
+    run_as_uid: int = Field(65534, ge=1, le=(1 << 32) - 2)
+    run_as_gid: int = Field(65534, ge=1, le=(1 << 32) - 2)
     apptainer: ApptainerConfig = ApptainerConfig()
 
 
 class SlurmComponent(_Model):
     """One component of the hetjob: `nodes` nodes with these resources each."""
 
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, le=MAX_COUNT)
     partition: str | None = None
-    cpus: int = Field(1, ge=1)  # --cpus-per-task (one task per node)
+    cpus: int = Field(1, ge=1, le=MAX_COUNT)  # --cpus-per-task (one task per node)
     mem: str | None = None  # --mem, e.g. 64G
-    gpus: int = Field(0, ge=0)  # --gpus-per-node
+    gpus: int = Field(0, ge=0, le=1024)  # --gpus-per-node
     gres: str | None = None  # --gres, e.g. gpu:a100:8 (instead of gpus)
     constraint: str | None = None
 
@@ -127,18 +134,18 @@ class SlurmConfig(_Model):
     qos: str | None = None
     time: str = "4:00:00"  # --time, as sbatch takes it
     job_name: str = "polar-hpc"
-    signal_s: int = Field(120, ge=10)  # SIGUSR2 this long before the time limit: journal and requeue
+    signal_s: int = Field(120, ge=10, le=86400)  # SIGUSR2 this long before the time limit: journal and requeue
     requeue: bool = True  # requeue the job on preemption / time limit
     port: int = Field(0, ge=0, le=65535)  # orchestrator TCP port; 0 picks a free one
-    step_restarts: int = Field(3, ge=0)  # a failed engine/gateway step is restarted this many times
-    stop_budget_s: float | None = Field(None, gt=0)  # seconds to stop in; None: a third of the cluster's KillWait
+    step_restarts: int = Field(3, ge=0, le=MAX_COUNT)  # a failed engine/gateway step is restarted this many times
+    stop_budget_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)  # seconds to stop in; None: a third of KillWait
     extra_sbatch: list[str] = []  # more job-wide sbatch flags, e.g. ["--mail-type=END"]
 
 
 class ServiceConfig(_Model):
     enabled: bool = False  # trainers add tasks while the run goes (polar_hpc.client); it ends on drain
-    max_queued: int = Field(4096, ge=1)  # queued sessions beyond this answer `busy`
-    weight_update_timeout_s: float = Field(600.0, gt=0)  # per engine: pause, load, continue
+    max_queued: int = Field(4096, ge=1, le=MAX_COUNT)  # queued sessions beyond this answer `busy`
+    weight_update_timeout_s: float = Field(600.0, gt=0, le=MAX_SECONDS)  # per engine: pause, load, continue
     weight_update_mode: Literal["wait", "abort"] = "wait"  # in-flight calls: finish first, or abort (retried)
 
 
@@ -212,8 +219,8 @@ class TaskSandbox(_Model):
     # a suite's task.toml resources: storage_mb bounds the session's disk (below the topology's
     # max_disk_bytes), cpus its cgroup's CPU quota (below max_cpus); memory_mb is recorded only
     cpus: float | None = Field(None, gt=0, le=4096)
-    memory_mb: int | None = Field(None, ge=1)
-    storage_mb: int | None = Field(None, ge=1)
+    memory_mb: int | None = Field(None, ge=1, le=MAX_MB)
+    storage_mb: int | None = Field(None, ge=1, le=MAX_MB)
 
 
 _DEFAULT_SANDBOX = TaskSandbox()
@@ -310,6 +317,7 @@ class Task(_Model):
     def _shallow_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
         if value and nesting(value) > MAX_DEPTH:
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        plain(value)
         return value
 
 
@@ -319,15 +327,33 @@ def task_file_sessions(path: Path) -> int:
     object (a crash cut it short) counts nothing."""
     n = 0
     try:
-        with open(path, "rb") as f:
+        with nofollow.fopen(path, "rb") as f:  # never a link planted in the run directory
             for line in f:
                 try:
                     n += int(json.loads(line).get("num_samples", DEFAULT_SAMPLES)) if line.strip() else 0
                 except (ValueError, AttributeError, TypeError):
                     continue
-    except FileNotFoundError:
+    except OSError:  # missing, or a link or FIFO there
         return 0
     return n
+def plain(value: Any) -> None:
+    """ValueError unless `value` is what msgpack and JSON both carry as it is: text keys, numbers
+    within 64 bits, text, bools, null, lists and maps (not a YAML date, bytes or set)."""
+    level = [value]
+    while level:
+        below: list[Any] = []
+        for x in level:
+            if isinstance(x, dict):
+                if not all(isinstance(k, str) for k in x):
+                    raise ValueError("a key that is not text")
+                below.extend(x.values())
+            elif isinstance(x, list):
+                below.extend(x)
+            elif isinstance(x, int) and not isinstance(x, bool) and not -MAX_INT - 1 <= x <= MAX_INT:
+                raise ValueError(f"a number beyond 64 bits: {str(x)[:40]}")
+            elif x is not None and not isinstance(x, (str, int, float)):
+                raise ValueError(f"a {type(x).__name__}, not text, a number, a bool, null, a list or a map")
+        level = below
 
 
 def duplicate_ids(ids: list[str]) -> list[str]:

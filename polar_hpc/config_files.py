@@ -15,6 +15,7 @@ recursed into or allocated beyond these bounds.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -122,6 +123,11 @@ class _BoundedLoader(yaml.SafeLoader):
             raise yaml.composer.ComposerError(
                 None, None, f"nested deeper than {MAX_DEPTH} levels once its aliases are expanded", mark)
         return node
+
+
+# YAML 1.2's exponent floats (`1e9`, no dot), which PyYAML's YAML 1.1 rules read as text: number fields are strict
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"), list("-+0123456789."))
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

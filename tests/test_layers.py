@@ -17,7 +17,7 @@ import polar_hpc
 # (suites: task suites as data, from config; observe: a run's view, read from its shards and shown
 # by launch and the CLI; they sit where their imports put them.)
 LAYERS = [
-    {"polar_hpc", "errors", "wire", "metrics", "config", "config_files", "security", "procs", "assets"},
+    {"polar_hpc", "errors", "wire", "metrics", "config", "config_files", "security", "procs", "assets", "nofollow"},
     {"shards", "trajectory", "sandbox", "engines", "suites"},
     {"proxy", "harness"},
     {"gateway"},

@@ -4,7 +4,9 @@ It starts the node's engine servers (SGLang, vLLM: one per `tp_size` GPUs of the
 port `engine.port + i` with its own slice of CUDA_VISIBLE_DEVICES (`split_devices`), vLLM's cache in
 `<run>/cache/engine-NODE-i`; scripted: one, on the CPU, with the command line `polar-hpc run` gives
 it (engines.command); `engines.kinds` says how each kind starts),
-waits until each answers GET /health, registers each URL and weight version with the orchestrator
+refusing a port another process already listens on, waits until each answers GET /health, checks
+that it is the server it started (`identity.check`: it demands the run's key, and only that one),
+registers each URL and weight version with the orchestrator
 found through `<run>/rendezvous.json` (EngineHello, over CURVE with the run's engine key), heartbeats,
 and on Shutdown from the orchestrator or SIGTERM/SIGINT deregisters (EngineBye) and stops the
 servers (SIGUSR1/SIGUSR2 are trapped and left to the driver). A server that
@@ -30,7 +32,7 @@ import zmq
 
 from polar_hpc import procs, security, wire
 from polar_hpc.config import Topology, load_topology
-from polar_hpc.engines import command, kinds
+from polar_hpc.engines import command, identity, kinds
 
 STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL to what is left of a server's process group
 
@@ -51,6 +53,11 @@ def run_step(kind: str, run_dir: Path) -> int:
     try:
         _start_servers(kind, topology, run_dir, node, security.engine_env(run_dir), servers)
         urls = [_wait_healthy(child, port, host, topology, stopping) for child, port in servers]
+        key = security.engine_api_key(run_dir)
+        for (child, port), url in zip(servers, urls):
+            why = identity.check(f"http://127.0.0.1:{port}", key) if url and key else None
+            if why is not None:
+                raise procs.ChildFailed(f"{child.name}: not registered, it cannot prove it is this run's engine: {why}")
         sock = _connect(run_dir, stopping)
         if sock is None:
             return 0
@@ -91,6 +98,10 @@ def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str, base
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
         port = engine.port + i
+        if identity.port_taken(port):
+            raise procs.ChildFailed(f"{kind} server {i}: port {port} (engine.port + {i}) on {node} is already taken "
+                                    "by another process; this run serves only an engine it started: free the port "
+                                    "or set engine.port")
         argv = launch.command(engine, "0.0.0.0", port)
         try:
             servers.append((procs.spawn_command(f"{kind}-{node}-{i}", argv, logs / f"engine-{node}-{i}.log", env), port))

@@ -47,7 +47,7 @@ from polar_hpc import wire
 from polar_hpc.config import CommandEvaluator, PoolConfig, SwebenchEvaluator, Task, TestsEvaluator
 from polar_hpc.gateway.held import GATE, Held
 from polar_hpc.harness import presets
-from polar_hpc.sandbox import Factory, Sandbox, SandboxError, files
+from polar_hpc.sandbox import Factory, Sandbox, SandboxError, checkouts, files
 from polar_hpc.shards.writer import ShardWriter
 from polar_hpc.trajectory import workspace as diffs
 from polar_hpc.trajectory.builders import build
@@ -150,8 +150,7 @@ class Pipeline:
     async def _session(self, spec: wire.SessionSpec) -> None:
         task = Task.model_validate(spec.task)
         sid = spec.session_id
-        hidden = (getattr(task.evaluator, "dir", None), task.solution and task.solution.dir)
-        sandbox = self._new_sandbox(task, tuple(Path(h) for h in hidden if h))
+        sandbox = self._new_sandbox(task)
         t_start = time.time()
         outcome = _Outcome()
         holding: list[str] = []
@@ -224,8 +223,11 @@ class Pipeline:
         outcome.metadata["exit_code"] = result.returncode
         outcome.metadata["stderr_tail"] = result.stderr[-STDERR_TAIL:].decode(errors="replace")
 
-    def _new_sandbox(self, task: Task, hidden: tuple[Path, ...] = ()) -> Sandbox:
+    def _new_sandbox(self, task: Task) -> Sandbox:
+        """The task's sandbox, which sees neither its hidden parts nor the checkouts holding them."""
         box = task.sandbox
+        parts = (getattr(task.evaluator, "dir", None), task.solution and task.solution.dir)
+        hidden = tuple(Path(folder) for part in parts if part for folder in checkouts.around(part))
         sandbox = self.make_sandbox(
             self.tmp_root / secrets.token_hex(8), box.files, box.prepare, box.network,
             proxy_socket=self.proxy.socket, image=box.image, gpus=box.gpus, hidden=hidden,

@@ -28,6 +28,7 @@ import asyncio
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import tempfile
@@ -185,6 +186,7 @@ class _Gateway:
                                             self.cgroups)
         except SandboxError as e:
             log.error("%s", e)
+            tmp_root.rmdir()
             return 2
         if warning:
             log.warning(warning)
@@ -232,6 +234,7 @@ class _Gateway:
                 t.cancel()
             procs.stop([self.proxy_proc] if self.proxy_proc else [])
             self.ctx.destroy(linger=500)
+            shutil.rmtree(tmp_root, ignore_errors=True)  # its sockets; the sandboxes' folders are gone already
         return self.exit_code
 
     def _start_proxy(self, endpoint: str, engine_urls: list[str], http_socket: Path):

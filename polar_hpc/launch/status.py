@@ -31,7 +31,7 @@ from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from polar_hpc import security, wire
+from polar_hpc import nofollow, security, wire
 from polar_hpc.launch.rundir import resolve
 from polar_hpc.launch.slurm import ACTIVE, job_state
 from polar_hpc.observe.run import RunReader
@@ -42,13 +42,15 @@ from polar_hpc.orchestrator.journal import Progress, progress, read_jsonl
 def ask(run_dir: Path, msg: wire.Message, timeout_s: float = 3.0) -> wire.AnyMessage | None:
     """Send one message to the run's orchestrator; its reply, or None when nobody answered."""
     rendezvous = run_dir / "rendezvous.json"
-    if not rendezvous.exists():
+    try:
+        endpoint = json.loads(nofollow.read_text(rendezvous))["endpoint"]
+    except FileNotFoundError:
         return None
     sock = zmq.Context.instance().socket(zmq.DEALER)
     try:
         security.secure_client(sock, run_dir, security.ADMIN)
         sock.setsockopt(zmq.LINGER, 500)
-        sock.connect(json.loads(rendezvous.read_text())["endpoint"])
+        sock.connect(endpoint)
         sock.send(wire.encode(msg))
         if isinstance(msg, wire.Shutdown):
             return None
@@ -82,7 +84,7 @@ def show(target: str, console: Console) -> None:
     console.print(f"throughput {reply.sessions_per_s * 60:.1f} sessions/min, ETA {eta}, tokens {reply.tokens}")
     for line in waste(run_dir, progress(run_dir)):
         console.print(escape(line), soft_wrap=True)
-    url = json.loads((run_dir / "rendezvous.json").read_text()).get("metrics_url")
+    url = json.loads(nofollow.read_text(run_dir / "rendezvous.json")).get("metrics_url")
     if url:
         console.print(f"Prometheus: {url} (its bearer token: metrics_token in {run_dir / 'rendezvous.json'})")
 

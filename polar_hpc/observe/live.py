@@ -34,7 +34,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from polar_hpc import metrics, wire
+from polar_hpc import metrics, nofollow, wire
 from polar_hpc.config import MetricsConfig
 from polar_hpc.observe.server import authorized
 
@@ -136,8 +136,11 @@ class Live:
                      for m in self.snapshots.values()}
         line = {"t": round(time.time(), 3), "source": "orchestrator", "run": run,
                 "engines": self.engine_figures, "processes": processes}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        try:
+            with nofollow.fopen(self.path, "a") as f:  # a planted link or FIFO is never written through
+                f.write(json.dumps(line) + "\n")
+        except OSError as e:
+            log.warning("metrics.jsonl not written: %s", e)
 
 
 def engine_queues(text: str) -> dict[str, float]:

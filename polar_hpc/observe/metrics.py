@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from polar_hpc import nofollow
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -81,6 +82,9 @@ class MetricsLog:
         if not self.writable:
             return False
         line = json.dumps({"t": round(time.time(), 3), **{k: overview[k] for k in _LOGGED}})
-        with open(self.path, "a") as f:
-            f.write(line + "\n")
+        try:
+            with nofollow.fopen(self.path, "a") as f:  # a planted link or FIFO is never written through
+                f.write(line + "\n")
+        except OSError:
+            return False
         return True

@@ -22,11 +22,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import time
 from collections import Counter, OrderedDict, deque
 from pathlib import Path
 from typing import Any
 
+from polar_hpc import nofollow
 from polar_hpc.observe.figures import Kinds, Series, Stat, kind_of
 from polar_hpc.observe.livelog import LiveLog
 from polar_hpc.observe.tail import Tail
@@ -48,7 +50,7 @@ class RunReader:
         self.max_rows = max_rows
         self.list_every_s = list_every_s
         self.decisions = Decisions(self.run_dir)
-        self._journal = Tail(self.run_dir / "journal" / "orchestrator.jsonl", max_bytes=16 << 20)
+        self._journal = Tail(self.run_dir / "journal" / "orchestrator.jsonl", max_bytes=16 << 20, below=2)
         self._index: dict[str, int] = {}  # writer -> bytes of its index read
         self._read: set[str] = set()  # shards read
         self._listed_at = 0.0
@@ -156,8 +158,8 @@ class RunReader:
         if now - self._listed_at >= self.list_every_s:
             self._listed_at = now
             try:
-                names += sorted(p.name for p in os.scandir(self.shards_dir)
-                                if p.name.endswith(".shard") and not p.name.startswith(".") and p.is_file())
+                names += sorted(n for n in nofollow.listdir(self.shards_dir)
+                                if n.endswith(".shard") and not n.startswith("."))
             except OSError:
                 pass
         for name in names:
@@ -214,15 +216,18 @@ class RunReader:
 
     def _read_logs(self) -> None:
         try:
-            logs = sorted((p for p in os.scandir(self.run_dir / "logs") if p.name.endswith(".log") and p.is_file()),
-                          key=lambda p: p.name)
+            logs = sorted(n for n in nofollow.listdir(self.run_dir / "logs") if n.endswith(".log"))
         except OSError:
             return
         for entry in logs[:500]:
-            tail = self._logs.setdefault(entry.name, Tail(Path(entry.path), max_bytes=1 << 20, lossy=True))
-            name = entry.name.removesuffix(".log")
+            st = nofollow.lstat(self.run_dir / "logs" / entry)
+            if st is None or not stat.S_ISREG(st.st_mode):
+                continue
+            tail = self._logs.setdefault(entry, Tail(self.run_dir / "logs" / entry, max_bytes=1 << 20, lossy=True,
+                                                     below=2))
+            name = entry.removesuffix(".log")
             proc = self.processes.setdefault(name, {"name": name, "errors": 0, "last_line": ""})
-            proc["changed"] = entry.stat().st_mtime
+            proc["changed"] = st.st_mtime
             in_traceback = False
             for line in tail.lines():
                 if line.strip():
@@ -244,7 +249,7 @@ class RunReader:
         """Sessions the task file asks for (before they are all queued), read again when it changes."""
         path = self.run_dir / "tasks.jsonl"
         try:
-            mtime = path.stat().st_mtime
+            mtime = os.lstat(path).st_mtime
         except OSError:
             return 0
         if self._samples[0] != mtime:
@@ -254,7 +259,7 @@ class RunReader:
     def driver(self) -> dict[str, Any] | None:
         path = self.run_dir / "journal" / "driver.jsonl"
         try:
-            with open(path, "rb") as f:
+            with nofollow.fopen(path, "rb", below=2) as f:
                 f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
                 lines = f.read().splitlines()
         except OSError:

@@ -6,7 +6,7 @@ a line longer than `max_line` is cut to it; a file that shrank (rotated, rewritt
 from its start. With `lossy=True` (logs) a file that grew by more than `max_bytes` since the last
 look is caught up by skipping to its last `max_bytes` (counted in `skipped`), so a huge log never
 stalls a reader; otherwise (the journal) every byte is read, `max_bytes` per call: call again
-while `more`.
+while `more`. The file, and the `below - 1` folders above it, are never a followed link.
 """
 
 from __future__ import annotations
@@ -14,10 +14,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from polar_hpc import nofollow
+
 
 class Tail:
-    def __init__(self, path: Path, max_bytes: int = 4 << 20, max_line: int = 4096, lossy: bool = False) -> None:
+    def __init__(self, path: Path, max_bytes: int = 4 << 20, max_line: int = 4096, lossy: bool = False,
+                 below: int = 1) -> None:
         self.path = Path(path)
+        self.below = below  # the file and the folders above it in the run directory, none followed (nofollow)
         self.offset = 0
         self.max_bytes = max_bytes
         self.max_line = max_line
@@ -27,7 +31,7 @@ class Tail:
 
     def lines(self) -> list[str]:
         try:
-            with open(self.path, "rb") as f:
+            with nofollow.fopen(self.path, "rb", self.below) as f:
                 size = os.fstat(f.fileno()).st_size
                 if size < self.offset:
                     self.offset = 0

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 from tokenizers import Tokenizer
 
+from polar_hpc import nofollow
 from polar_hpc.trajectory.model import Trajectory
 
 _SCRIPTED = Path(__file__).resolve().parents[1] / "engines" / "scripted" / "assets"
@@ -28,7 +29,7 @@ def scripted_tokenizer() -> Path | None:
 def run_tokenizer(run_dir: Path) -> Path | None:
     """The tokenizer folder the run's topology names, when it is on this machine."""
     try:
-        topology = yaml.safe_load((Path(run_dir) / "topology.yaml").read_text()) or {}
+        topology = yaml.safe_load(nofollow.read_text(Path(run_dir) / "topology.yaml")) or {}
     except (OSError, yaml.YAMLError):
         return None
     engine, proxy = topology.get("engine") or {}, topology.get("proxy") or {}

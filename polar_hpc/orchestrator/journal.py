@@ -28,6 +28,7 @@ reads any such log (the driver's `journal/driver.jsonl` too).
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections import Counter
@@ -38,6 +39,7 @@ from typing import Any
 
 import msgspec
 
+from polar_hpc import nofollow
 from polar_hpc.config import task_file_sessions
 from polar_hpc.shards.decisions import FirstResults
 from polar_hpc.shards.reader import read_shard, shard_files
@@ -52,8 +54,8 @@ class Journal:
     def __init__(self, run_dir: Path) -> None:
         path = _path(run_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
-        cut = path.exists() and path.stat().st_size > 0 and _last_byte(path) != b"\n"
-        self._file = open(path, "ab")
+        self._file = nofollow.fopen(path, "ab", below=2)  # a link planted there is never written through
+        cut = os.fstat(self._file.fileno()).st_size > 0 and _last_byte(path) != b"\n"
         self._lines: list[bytes] = [b"\n"] if cut else []  # a line a crash cut short stays alone on its line
         self._t = round(time.time(), 6)  # the time of the first line waiting
 
@@ -117,9 +119,11 @@ def _adopt(run_dir: Path, results: dict, candidates: set[str]) -> list[dict]:
     """The first sealed record of each key without a result whose session is a candidate."""
     adopted: dict[tuple[str, int], dict] = {}
     shards = Path(run_dir) / "shards"
-    if not shards.is_dir():
+    try:
+        names = nofollow.listdir(shards)
+    except FileNotFoundError:
         return []
-    leftovers = {m[1] for p in shards.iterdir() if (m := re.fullmatch(r"\.(.+)-\d{6,}\.shard\.tmp", p.name))}
+    leftovers = {m[1] for n in names if (m := re.fullmatch(r"\.(.+)-\d{6,}\.shard\.tmp", n))}
     for writer_id in sorted(leftovers):
         ShardWriter(shards, writer_id, 1 << 20, 60.0).close()  # seals what a killed gateway left
     for shard in shard_files(shards):
@@ -193,9 +197,14 @@ def _events(run_dir: Path) -> list[dict]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Every whole JSON object of a JSON-lines log (a line cut short by a crash is skipped)."""
+    """Every whole JSON object of a JSON-lines log of the run's journal/ (a line cut short by a crash
+    is skipped); journal/ and the log are never a followed link (OSError)."""
     events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if path.exists() else []:
+    try:
+        text = nofollow.read_text(path, below=2)
+    except FileNotFoundError:
+        text = ""
+    for line in text.splitlines():
         try:
             event = json.loads(line)
         except ValueError:
@@ -210,7 +219,7 @@ def _path(run_dir: Path) -> Path:
 
 
 def _last_byte(path: Path) -> bytes:
-    with open(path, "rb") as f:
+    with nofollow.fopen(path, "rb", below=2) as f:
         f.seek(-1, 2)
         return f.read(1)
 

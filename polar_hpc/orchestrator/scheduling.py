@@ -141,6 +141,12 @@ class Scheduler:
                                               "until": self.table.admit_until, "state": s.state}
                                              for s in self.table.newly_held))
             self.table.newly_held.clear()
+        for s in self.table.unsendable:
+            error = self.table.results[(s.task.id, s.sample_index)].error
+            log.error("session %s: %s", s.session_id, error)
+            self.journal.write("result", session=s.session_id, task=s.task.id, sample=s.sample_index,
+                               attempt=s.attempt, status="error", reward=None, shard="", n_tokens=0, error=error)
+        self.table.unsendable.clear()
         if not specs:
             return
         gw.credit -= len(specs)

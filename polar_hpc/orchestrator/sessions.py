@@ -47,7 +47,8 @@ class Session:
 class SessionTable:
     sessions: dict[str, Session] = field(default_factory=dict)
     queue: deque = field(default_factory=deque)
-    _dumped: dict[str, Any] = field(default_factory=dict)  # task id -> the task, encoded once (wire.raw)
+    _dumped: dict[str, Any] = field(default_factory=dict)  # task id -> the task, encoded once (wire.raw), or why not
+    unsendable: list[Session] = field(default_factory=list)  # ended by `take` (a task it cannot encode), to journal
     states: Counter = field(default_factory=Counter)  # state -> sessions in it
     results: FirstResults[wire.Result] = field(default_factory=FirstResults)  # (task, sample) -> the result that counts
     _rewards: list[float] = field(default_factory=lambda: [0.0, 0])  # sum and count of the rewards
@@ -98,7 +99,8 @@ class SessionTable:
         return s
 
     def take(self, gateway: bytes, n: int) -> list[wire.SessionSpec]:
-        """Dispatch up to `n` queued sessions to `gateway`, in queue order; their deadlines start now."""
+        """Dispatch up to `n` queued sessions to `gateway`, in queue order; their deadlines start now.
+        A session whose task cannot be encoded ends `error` instead, into `unsendable`."""
         specs: list[wire.SessionSpec] = []
         now = time.time()
         while self.queue and len(specs) < n:
@@ -108,10 +110,19 @@ class SessionTable:
                 self._move(s, "held_too_long" if too_long else "held")
                 self.newly_held.append(s)
                 continue
-            s.state, s.gateway = "assigned", gateway
             task = self._dumped.get(s.task.id)
             if task is None:  # dumped and encoded once per task, not per session
-                task = self._dumped[s.task.id] = wire.raw(s.task.model_dump(mode="json"))
+                try:
+                    task = wire.raw(s.task.model_dump(mode="json"))
+                except Exception as e:  # whatever one task holds, it fails alone (its reason kept)
+                    task = f"the task cannot be sent to a gateway: {type(e).__name__}: {str(e)[:200]}"
+                self._dumped[s.task.id] = task
+            if isinstance(task, str):
+                self.finish(wire.Result(session_id=s.session_id, status="error", reward=None, n_calls=0,
+                                        n_traces=0, n_tokens=0, shard="", error=task))
+                self.unsendable.append(s)
+                continue
+            s.state, s.gateway = "assigned", gateway
             specs.append(wire.SessionSpec(session_id=s.session_id, task=task, sample_index=s.sample_index,
                                           attempt=s.attempt, deadline=now + s.task.timeout_s))
         self.states["queued"] -= len(specs)

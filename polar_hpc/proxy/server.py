@@ -21,7 +21,8 @@ open or the gateway that started it is gone. A `tokenizer` that cannot be loaded
   per answered call (sent once the answer is written) and SessionClosed after CloseSession, in
   order.
 - Engines (the live engine URLs, relayed by the gateway from the orchestrator) replaces the
-  router's membership.
+  router's membership; an engine (these, or one given at start) is used only once it has proved
+  it is this run's (`engines.identity.check` with the run's key, off the event loop).
 - Sessions: OpenSession makes calls bearing the token as their API key belong to a session.
   CloseSession revokes the token (later calls get 401), cancels the session's in-flight calls
   (engine requests aborted, no record sent, the harness gets 401), then answers
@@ -68,7 +69,7 @@ from aiohttp import ClientError, web
 
 from polar_hpc import metrics, procs, wire
 from polar_hpc.errors import ConfigError
-from polar_hpc.engines import kinds
+from polar_hpc.engines import identity, kinds
 from polar_hpc.proxy import aborted, anthropic, openai_responses
 from polar_hpc.proxy import openai_chat as oc
 from polar_hpc.proxy.calls import BIG, BadRequest, ToolCall, assistant_message, offload, release_memory
@@ -78,6 +79,7 @@ from polar_hpc.proxy.passthrough import Passthrough
 from polar_hpc.proxy.routing import NO_ENGINE, Router
 from polar_hpc.proxy.tito import Renderer, Tito
 from polar_hpc.proxy.tool_parsers import PARSERS
+from polar_hpc.security import ENGINE_KEY_ENV
 
 log = logging.getLogger("polar_hpc.proxy")
 
@@ -144,10 +146,43 @@ class _Session:
     aborted: list[str] = field(default_factory=list)  # weight versions of attempts aborted since the last record
 
 
+class _Proven:
+    """The engines the router may use: each URL once it has proved it is this run's
+    (`identity.check` with the run's key, in a thread; a run without a key checks nothing)."""
+
+    def __init__(self, router: Router, key: str | None) -> None:
+        self.router, self.key = router, key
+        self.ok: set[str] = set()
+        self.checking: set[str] = set()
+        self.wanted: tuple[list[str], dict[str, str] | None] = ([], None)
+        self.tasks: set[asyncio.Task] = set()
+
+    def want(self, urls: list[str], versions: dict[str, str] | None = None) -> None:
+        urls = [u.rstrip("/") for u in urls]
+        self.wanted = (urls, versions)
+        self.router.set_engines([u for u in urls if self.key is None or u in self.ok], versions)
+        for url in urls:
+            if self.key is not None and url not in self.ok and url not in self.checking:
+                self.checking.add(url)
+                task = asyncio.create_task(self._check(url, self.key))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+
+    async def _check(self, url: str, key: str) -> None:
+        why = await asyncio.to_thread(identity.check, url, key)
+        self.checking.discard(url)
+        if why is not None:
+            log.error("engine %s refused: it cannot prove it is this run's: %s", url, why)
+            return
+        self.ok.add(url)
+        self.want(*self.wanted)
+
+
 class _Proxy:
     def __init__(self, opts: ProxyOptions, router: Router, mode, link: ProxyLinkDealer) -> None:
         self.opts = opts
         self.router = router
+        self.engines = _Proven(router, os.environ.get(ENGINE_KEY_ENV) or None)
         self.mode = mode
         self.link = link
         self._sessions: dict[str, _Session] = {}
@@ -174,7 +209,7 @@ class _Proxy:
                 await self._close(message.session_id)
             elif isinstance(message, wire.Engines):
                 log.info("engines now: %s", ", ".join(message.urls) or "none")
-                self.router.set_engines(message.urls, message.versions)
+                self.engines.want(message.urls, message.versions)
             elif isinstance(message, wire.Shutdown):
                 log.info("gateway asked to shut down: %s", message.reason)
                 return
@@ -414,12 +449,13 @@ async def _run(opts: ProxyOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
     mode = _capture_mode(opts, router := Router(list(opts.engine_urls), hold_s=opts.engine_wait_s))
-    warming = asyncio.create_task(mode.warm())
-    await asyncio.wait([warming], timeout=WARM_S)  # before the gateway hears of the proxy
     ctx = zmq.asyncio.Context()
     link = ProxyLinkDealer(ctx, opts.gateway, opts.peer_timeout_s)
     proxy = _Proxy(opts, router, mode, link)
     stay = loop.create_task(_stay_for_gateway(signalled, stop, gateway_pid, proxy))
+    proxy.engines.want(list(opts.engine_urls))  # none used until proven
+    warming = asyncio.create_task(mode.warm())
+    await asyncio.wait([warming], timeout=WARM_S)  # before the gateway hears of the proxy
     runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=5)
     await runner.setup()
     await web.TCPSite(runner, opts.host, opts.port, backlog=BACKLOG).start()

@@ -61,6 +61,8 @@ MAX_CHAINS = 16
 RENDER_CACHE = 64  # renderings kept: the samples of a task share their first prompts
 ENCODE_CACHE = 256  # tokenizations kept
 CACHE_BYTES = 64 << 20  # what each of the two caches may hold in all, roughly
+WINDOW_CHARS_PER_TOKEN = 4  # a longer prompt is first counted on this many characters per context token
+CUT_MARGIN = 1024  # tokens a cut inside a word could add to a prefix's count
 
 
 class _Lru:
@@ -145,6 +147,23 @@ class Renderer:
         # a big text is cut.
         return tuple(self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids)
 
+    def refuse_overlong(self, text: str, context: int) -> None:
+        """BadRequest when `text` certainly has more tokens than `context`, found by tokenizing only
+        its first `WINDOW_CHARS_PER_TOKEN * context` characters (cut before a space where there is
+        one, a pre-tokenizer boundary): a huge prompt is refused without tokenizing all of it, or
+        holding its ids. A text within that window is left to the engine's own check."""
+        window = WINDOW_CHARS_PER_TOKEN * context
+        if len(text) <= window:
+            return
+        cut = text.rfind(" ", 0, window)
+        while cut > 0 and text[cut - 1].isspace():
+            cut = text.rfind(" ", 0, cut - 1)
+        prefix = text[:cut] if cut > 0 else text[:window]
+        n = len(self.tokenizer.encode_batch_fast([prefix], add_special_tokens=False)[0].ids)
+        if n > context + CUT_MARGIN:
+            raise BadRequest(f"the prompt has more than {n - CUT_MARGIN} tokens (counted in its first {len(prefix)} "
+                             f"of {len(text)} characters); the engine's context length is {context} tokens", "messages")
+
     def decode(self, ids: list[int]) -> str:
         """The ids' text, special tokens included, as sampled (no clean-up of spaces)."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -204,8 +223,9 @@ class Chains:
         self._chains: list[_Chain] = []
         self.started = 0
 
-    def prompt(self, r: Renderer, call: Call) -> _Prompt:
+    def prompt(self, r: Renderer, call: Call, context: int) -> _Prompt:
         full = r.text(call.messages, call.tools, True)
+        r.refuse_overlong(full, context)
         keys = [message_key(m) for m in call.messages]
         why = "first call of the session"
         for chain in reversed(self._chains):
@@ -312,7 +332,7 @@ class Tito:
         await self._prepare(session_id)
         renderer, _, context_length = self._ready()
         chains = self._chains.setdefault(session_id, Chains())
-        prompt = await offload(call.size, chains.prompt, renderer, call)
+        prompt = await offload(call.size, chains.prompt, renderer, call, context_length)
         budget = call.max_tokens
         if budget is None:
             budget = max(context_length - len(prompt.ids), 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -45,6 +47,10 @@ def backend(
         )
         return _factory(apptainer.ApptainerSandbox, hidden, settings=settings, run_as=run_as, **common), None
     if config.backend != "none" and bwrap.available():
+        if os.geteuid() == 0 and (why := bwrap.unreachable(*run_as)):
+            raise SandboxError(f"sandbox.run_as_uid:gid {run_as[0]}:{run_as[1]} cannot run this Python "
+                               f"({sys.executable}) in a sandbox: {why} is closed to it; open the folders on the way "
+                               "to others (chmod o+x) or install polar-hpc elsewhere")
         return _factory(bwrap.BwrapSandbox, hidden, run_as=run_as, **common), None
     if config.backend == "bwrap":
         raise SandboxError("sandbox.backend is 'bwrap' but bubblewrap is not installed or cannot run here")

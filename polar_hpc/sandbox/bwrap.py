@@ -60,6 +60,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from polar_hpc.sandbox import checkouts
 from polar_hpc.sandbox.base import INSIDE, MARKER, SandboxError
 from polar_hpc.sandbox.inside import ENV_PREFIX
 from polar_hpc.sandbox.layer import ROOT_CAPS, STAGE, ImageConfig, Layer, open_up, user_ids
@@ -101,20 +102,36 @@ def host_tools() -> dict[str, str] | None:
 
 @functools.cache
 def shown_dirs() -> tuple[str, ...]:
-    """Folders bound back read-only over the hidden /tmp, /root and /home: those holding this
-    interpreter, its virtualenv and the PATH entries (under /tmp the whole top-level folder, a
-    checkout with its virtualenv; under /root and /home only the folder itself; none inside
-    another, which shows it already: each bind costs bwrap a fraction of a ms). Found once per
-    process (realpath of every PATH entry: milliseconds, before every command otherwise)."""
+    """Folders bound back read-only where they live under a cover (/tmp, /root, /home, a checkout):
+    those holding this interpreter, its virtualenv and the PATH entries, each the folder itself and
+    not the one around it (a checkout around a virtualenv stays covered); none inside another,
+    which shows it already: each bind costs bwrap a fraction of a ms. Found once per process
+    (realpath of every PATH entry: milliseconds, before every command otherwise)."""
     wanted = [sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)]
-    shown = set()
-    for path in filter(os.path.isabs, wanted):
-        real = Path(os.path.realpath(path))
-        if len(real.parts) > 2 and real.parts[:2] == ("/", "tmp"):
-            shown.add(f"/tmp/{real.parts[2]}")
-        elif any(real.is_relative_to(home) for home in HOMES) and real.is_dir():
-            shown.add(str(real))
-    return tuple(sorted(p for p in shown if not any(Path(p).is_relative_to(q) and p != q for q in shown)))
+    shown = {str(real) for path in filter(os.path.isabs, wanted) if (real := Path(os.path.realpath(path))).is_dir()}
+    return _outermost(shown - {"/"})
+
+
+def _outermost(folders: set[str]) -> tuple[str, ...]:
+    return tuple(sorted(p for p in folders if not any(Path(p).is_relative_to(q) and p != q for q in folders)))
+
+
+def unreachable(uid: int, gid: int) -> str | None:
+    """What keeps `uid:gid` (a root gateway's `run_as`) from running this interpreter in a sandbox
+    on the host's root, or None: a folder on its way it cannot search, or the file it cannot run,
+    as the sandbox shows them (host modes, except the folders bwrap makes to bind a shown folder back)."""
+    covers = ("/tmp", "/run", *HOMES, *checkouts.project())
+    made = {str(parent) for d in shown_dirs() if any(Path(d).is_relative_to(c) for c in covers)
+            for parent in Path(d).parents if any(parent.is_relative_to(c) for c in covers)}
+    for exe in (sys.executable, os.path.realpath(sys.executable)):
+        for step in (*reversed(Path(exe).parents), Path(exe)):
+            if str(step) in made:
+                continue
+            st = os.stat(step)
+            bits = st.st_mode >> 6 if st.st_uid == uid else st.st_mode >> 3 if st.st_gid == gid else st.st_mode
+            if not bits & 1:
+                return f"{step} (mode {st.st_mode & 0o7777:04o}, owner {st.st_uid}:{st.st_gid})"
+    return None
 
 
 def _prefixed(command: dict[str, str]) -> dict[str, str]:
@@ -270,11 +287,12 @@ class BwrapSandbox(RunsAs):
         """The host's root read-only, with the covers and the folders shown back described above."""
         # with `mounts`, / is a tmpfs holding the host's top-level entries, where their mount points can be made
         args = _tmpfs_root(Path("/"), self.tmp) if self.mounts else ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        for folder in (Path("/run"), *map(Path, HOMES), self.root.parent, *self.hidden):
-            if not folder.is_relative_to("/tmp") and folder.is_dir():  # other sessions; the run dir
+        covered = _outermost({"/run", *HOMES, str(self.root.parent), *map(str, self.hidden), *checkouts.project()})
+        for folder in map(Path, covered):  # other sessions; the run dir; checkouts holding hidden parts
+            if not folder.is_relative_to("/tmp") and folder.is_dir():
                 args += _cover(folder)
         args += ["--bind", str(self.tmp), "/tmp"]
-        shown = shown_dirs()
+        shown = [p for p in shown_dirs() if any(Path(p).is_relative_to(c) for c in ("/tmp", *covered))]
         for path in shown:
             args += _traversable(path) + ["--ro-bind", path, path]
         for folder in (self.root.parent, *self.hidden):  # e.g. a run dir inside a checkout under /tmp

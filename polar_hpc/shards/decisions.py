@@ -26,6 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TypeVar
 
+from polar_hpc import nofollow
 from polar_hpc.shards.index import parse_name
 from polar_hpc.trajectory.model import Trajectory
 
@@ -65,15 +66,15 @@ class Decisions:
         self.problems: list[str] = []
 
     def exists(self) -> bool:
-        return self.path.is_file()
+        return nofollow.is_file(self.path)
 
     def update(self) -> bool:
         """Read what was appended since the last call; True when a line was read."""
         try:
-            with open(self.path, "rb") as f:
+            with nofollow.fopen(self.path, "rb", below=2) as f:  # journal/ and the journal: never a link
                 f.seek(self.offset)
                 data = f.read()
-        except FileNotFoundError:
+        except OSError:
             return False
         end = data.rfind(b"\n") + 1  # a last line without newline is still being written
         for line in data[:end].split(b"\n")[:-1]:

@@ -17,6 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from polar_hpc import nofollow
+
 INDEX_DIR = "index"
 
 
@@ -33,16 +35,17 @@ def parse_name(shard: str) -> tuple[str | None, int]:
 
 def writer_ids(shards_dir: Path) -> list[str]:
     """Writers that have an index, sorted (one entry per gateway: a small folder)."""
-    folder = Path(shards_dir) / INDEX_DIR
-    if not folder.is_dir():
+    try:
+        names = nofollow.listdir(Path(shards_dir) / INDEX_DIR)  # a link there is not followed
+    except OSError:
         return []
-    return sorted(p.name[: -len(".jsonl")] for p in folder.iterdir() if p.name.endswith(".jsonl"))
+    return sorted(n[: -len(".jsonl")] for n in names if n.endswith(".jsonl"))
 
 
 def append_entry(path: Path, entry: dict[str, Any]) -> None:
     """Append one entry with a single write and fsync it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = nofollow.open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644, below=2)
     try:
         os.write(fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
         os.fsync(fd)
@@ -54,10 +57,14 @@ def read_entries(path: Path, offset: int = 0, problems: list[str] | None = None)
     """(offset just past the line, entry) for each whole line from byte `offset` on that is an
     entry; each other whole line is skipped and named in `problems`."""
     try:
-        with open(path, "rb") as f:
+        with nofollow.fopen(path, "rb", below=2) as f:
             f.seek(offset)
             data = f.read()
     except FileNotFoundError:
+        return []
+    except OSError as e:  # a link, a FIFO: not followed, not read
+        if problems is not None:
+            problems.append(f"{path}: not read: {e.strerror}")
         return []
     writer = Path(path).name.removesuffix(".jsonl")
     out = []
@@ -82,7 +89,7 @@ def check(shards_dir: Path, sealed: list[Path]) -> list[str]:
         path = index_path(shards_dir, writer)
         for _, entry in read_entries(path, 0, problems):
             listed.add(entry["shard"])
-            if not (Path(shards_dir) / entry["shard"]).is_file():
+            if not nofollow.is_file(Path(shards_dir) / entry["shard"]):
                 problems.append(f"{path}: the entry for {entry['shard']} names no sealed shard")
     for shard in sealed:
         if shard.name not in listed:
@@ -96,11 +103,11 @@ def check(shards_dir: Path, sealed: list[Path]) -> list[str]:
 def cut_torn_tail(path: Path) -> None:
     """Drop a last line a killed writer left without its newline."""
     try:
-        data = path.read_bytes()
+        data = nofollow.read_bytes(path, below=2)
     except FileNotFoundError:
         return
     if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as f:
+        with nofollow.fopen(path, "r+b", below=2) as f:
             f.truncate(data.rfind(b"\n") + 1)
 
 
@@ -122,5 +129,5 @@ def _not_an_entry(line: bytes, writer: str) -> str | None:
 
 def _line_number(path: Path, offset: int) -> int:
     """The 1-based number of the line that starts at byte `offset` of `path`."""
-    with open(path, "rb") as f:
+    with nofollow.fopen(path, "rb", below=2) as f:
         return f.read(offset).count(b"\n") + 1

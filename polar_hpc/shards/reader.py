@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from polar_hpc import nofollow
 from polar_hpc.shards import index
 from polar_hpc.shards.decisions import UNDECIDED, STRAY, Decisions
 from polar_hpc.shards.format import FRAME, FormatError, decode_header, decode_trajectory, read_frames
@@ -42,12 +44,15 @@ def shard_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     folder = _shards_dir(path)
-    sealed = (p for p in folder.iterdir() if p.name.endswith(".shard") and not p.name.startswith("."))
-    return sorted(p for p in sealed if p.is_file())
+    sealed = (folder / n for n in nofollow.listdir(folder, below=0) if n.endswith(".shard") and not n.startswith("."))
+    return sorted(p for p in sealed if nofollow.is_file(p))  # a link is never followed
 
 
 def _shards_dir(path: Path) -> Path:
-    return path / "shards" if (path / "shards").is_dir() else path
+    st = nofollow.lstat(path / "shards")
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise OSError(f"{path / 'shards'}: a symbolic link (not followed)")
+    return path / "shards" if st is not None and stat.S_ISDIR(st.st_mode) else path
 
 
 def run_root(path: Path) -> Path:
@@ -165,7 +170,7 @@ def read_shard(shard: Path, problems: list[str], start: int = 0) -> Iterator[tup
     record at `start` (0: the beginning). A record that does not decode is skipped alone; one that
     cannot be framed, or a bad header, ends the file. Each goes to `problems`."""
     try:
-        with open(shard, "rb") as f:
+        with nofollow.fopen(shard, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             offset = start
             try:

@@ -43,7 +43,7 @@ _REFERENCE = re.compile(r"^suite\s*:", re.M)
 
 
 class SuiteRef(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, strict=True)
 
     suite: str
     harness: HarnessSpec = ORACLE

@@ -36,6 +36,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from polar_hpc.config import (
+    MAX_MB,
     MAX_TIMEOUT_S,
     TASK_ID,
     ConfigError,
@@ -44,6 +45,7 @@ from polar_hpc.config import (
     TaskSandbox,
     TaskSolution,
     TestsEvaluator,
+    plain,
     resolve_source,
 )
 from polar_hpc.config_files import read_text
@@ -52,13 +54,14 @@ from polar_hpc.suites import images
 MAX_INSTRUCTION_BYTES = 1 << 20
 MAX_TOML_BYTES = 1 << 20
 MAX_TASKS = 100_000  # task folders in one suite folder
+MAX_ENTRIES = 100_000  # entries of one task's tests/ or solution/ looked at for links
 
 
 _Env = dict[str, str]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
 
 class _Agent(_Section):
@@ -77,8 +80,8 @@ class _Solution(_Section):
 class _Environment(_Section):
     docker_image: str | None = None
     cpus: float | None = Field(None, gt=0, le=4096)
-    memory_mb: int | None = Field(None, ge=1)
-    storage_mb: int | None = Field(None, ge=1)
+    memory_mb: int | None = Field(None, ge=1, le=MAX_MB)
+    storage_mb: int | None = Field(None, ge=1, le=MAX_MB)
     memory: str | None = None  # legacy, Harbor's: "2G" -> memory_mb 2048
     storage: str | None = None
     env: _Env = {}
@@ -111,6 +114,12 @@ class TaskToml(_Section):
     task: dict[str, Any] = {}  # Harbor's package info (name, description, authors, keywords)
     source: str | None = None
     steps: list[Any] = []
+
+    @pydantic.field_validator("metadata")
+    @classmethod
+    def _plain_metadata(cls, value: dict[str, Any]) -> dict[str, Any]:
+        plain(value)
+        return value
 
 
 # task.toml keys honoured above (or harmless: the schema's version); every other one is warned about
@@ -203,9 +212,11 @@ def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = N
     tests = source("tests", "tests")
     if tests is not None:
         source("tests/test.sh", "tests/test.sh")
+        problems.extend(_links(Path(tests), "tests"))
     solution = source("solution", "solution", required=False)
     if solution is not None:
         source("solution/solve.sh", "solution/solve.sh")
+        problems.extend(_links(Path(solution), "solution"))
     files = _workspace(folder, source)
     image, dockerfile = (toml.environment.docker_image if toml else None), None
     image_source = f"{folder / 'task.toml'}:{_toml_line(toml_text, ('environment', 'docker_image'))}: environment.docker_image"
@@ -224,12 +235,13 @@ def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = N
     assert toml is not None, "_task_toml returns None only after adding a problem"
     box, task_env = toml.environment, resolved["environment"]
     offline = not box.allow_internet or box.network_mode == "no-network"
+    network: dict[str, Any] = {"network": "proxy-only"} if offline else {}  # else the sandbox's default
     try:
         return Task(
             id=folder.name, instruction=instruction, timeout_s=toml.agent.timeout_sec or 600.0,
             harness=harness.model_copy(update={"env": task_env | harness.env}) if task_env else harness,
             sandbox=TaskSandbox(image=image, files=files, cpus=box.cpus, memory_mb=box.memory_mb,
-                                storage_mb=box.storage_mb, **({"network": "proxy-only"} if offline else {})),
+                                storage_mb=box.storage_mb, **network),
             evaluator=TestsEvaluator(kind="tests", dir=tests, timeout_s=toml.verifier.timeout_sec,
                                      env=task_env | resolved["verifier"]),
             solution=TaskSolution(dir=solution, env=task_env | resolved["solution"]) if solution else None,
@@ -241,6 +253,18 @@ def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = N
     except pydantic.ValidationError as e:  # an env name or value no process can carry
         raise ConfigError("\n".join(f"{folder / 'task.toml'}: {'.'.join(map(str, err['loc']))}: {err['msg']}"
                                      for err in e.errors())) from None
+
+
+def _links(root: Path, what: str) -> list[str]:
+    """A problem for each symbolic link below `root` (none is followed), or for too many entries."""
+    problems, seen = [], 0
+    for here, dirs, names in os.walk(root):
+        seen += len(dirs) + len(names)
+        if seen > MAX_ENTRIES:
+            return [f"{root}: {what}: more than {MAX_ENTRIES} entries"]
+        problems += [f"{Path(here) / n}: {what}: a symbolic link (links are not followed)"
+                     for n in dirs + names if (Path(here) / n).is_symlink()]
+    return problems
 
 
 def _instruction(folder: Path, problems: list[str]) -> str:

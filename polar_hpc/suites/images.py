@@ -10,8 +10,10 @@ by digest; `use_cached(tasks)` points every task whose image is there at its cac
       refs/H.json            the digest a reference resolved to (H: a hash of the reference)
       sha256-HEX.sif         the entry where `apptainer` is on PATH (`apptainer build` from the OCI layout)
       sha256-HEX.rootfs/     the entry elsewhere: the root filesystem (`umoci unpack --rootless`),
-                             which the bubblewrap sandbox uses as the task's root (pulled as root:
-                             owned by 65534, a root gateway's sandbox user: sandbox/layer.py)
+                             which the bubblewrap sandbox uses as the task's root (`tame`d:
+                             no setuid/setgid bit, nothing writable by others, no special
+                             file; bwrap mounts it nosuid; pulled as root: owned by 65534, a
+                             root gateway's sandbox user: sandbox/layer.py)
       sha256-HEX.config.json the image's OCI config (Env, WorkingDir, User), written before the entry
       partial/sha256-HEX/    an unfinished pull: its OCI layout keeps the blobs fetched so far
       locks/sha256-HEX.lock  held (flock) by the pull of that digest; a second puller waits, then reuses
@@ -36,6 +38,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -54,6 +57,7 @@ _REFERENCE = re.compile(rf"(?:(?P<domain>{_DOMAIN})/)?(?P<repo>{_COMPONENT}(?:/{
 _DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
 _LOOPBACK = ("localhost", "127.0.0.1")
 DOCKERFILE_ONLY = "Dockerfile only: not built (no builder); runs on the host's tree + environment/workspace"
+_UNSAFE = stat.S_ISUID | stat.S_ISGID | stat.S_IWGRP | stat.S_IWOTH  # cleared in an unpacked image
 
 
 class ImageError(RuntimeError):
@@ -213,8 +217,10 @@ def pull(ref: Reference, cache: Path, tasks: int = 1) -> Pulled:
         raise ConfigError(f"the registry answered no sha256 digest ({digest[:80]!r})")
     entry, status = entry_path(cache, digest), "cached"
     if not entry.exists():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.mkdir(mode=0o755, exist_ok=True)
         for sub in ("refs", "locks", "partial"):
-            (cache / sub).mkdir(parents=True, exist_ok=True)
+            (cache / sub).mkdir(mode=0o755, exist_ok=True)  # (less the umask): never writable by others
         with open(cache / "locks" / f"{entry.stem}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # another pull of this digest: wait for it, then reuse
             waited = time.monotonic() - t0
@@ -242,6 +248,7 @@ def _fetch(ref: Reference, digest: str, entry: Path, partial: Path) -> None:
         bundle = partial / "bundle"
         shutil.rmtree(bundle, ignore_errors=True)  # an unpack that was interrupted: redone
         _run(["umoci", "unpack", "--rootless", "--image", f"{partial / 'oci'}:image", str(bundle)], "umoci unpack")
+        tame(bundle / "rootfs")
         if os.geteuid() == 0:  # the files of a root gateway's sandboxes, root in their user namespace (sandbox/layer.py)
             give(bundle / "rootfs", *NOBODY)
         os.rename(bundle / "rootfs", entry)
@@ -276,6 +283,21 @@ def registries_conf() -> list[str]:
     if not os.path.isfile(path):
         raise ConfigError(f"{name}={path}: no such file (a containers-registries.conf mapping of registries to mirrors)")
     return ["--registries-conf", path]
+def tame(root: Path) -> None:
+    """An unpacked image made safe to share: no setuid or setgid bit, nothing writable by group or
+    others (the folder itself 0755), no device, FIFO or socket (removed); no link is followed."""
+    for _, dirs, names, fd in os.fwalk(root):
+        for name in dirs + names:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                os.unlink(name, dir_fd=fd)
+                continue
+            mode = stat.S_IMODE(st.st_mode)
+            if mode & _UNSAFE:
+                os.chmod(name, mode & ~_UNSAFE, dir_fd=fd)
+    os.chmod(root, 0o755)
 
 
 def _skopeo(args: list[str], timeout_s: float, error: type[Exception], what: str) -> str:

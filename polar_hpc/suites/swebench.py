@@ -50,7 +50,7 @@ _BETWEEN = re.compile(r"[ \t\r\n,]*")  # between a JSON array's elements
 
 
 class Instance(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     instance_id: str
     repo: str = Field(min_length=1)

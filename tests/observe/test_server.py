@@ -55,7 +55,7 @@ def test_reads_are_bounded_and_bad_numbers_refused(finished_dashboard: Served) -
     assert status == 200 and len(json.loads(body)["rows"]) <= 500
     for query in ("min_reward=nan", "offset=-5", "limit=abc", "max_reward=1e999999x"):
         status, body = get(f"{d.base}/api/trajectories?{query}", d.token)
-        assert status == 400 and b"not a number" in body or b"out of range" in body, query
+        assert status == 400 and (b"not a number" in body or b"out of range" in body), (query, status, body)
 
 
 def test_prometheus_text_equals_the_run(finished_dashboard: Served, finished_run: Path) -> None:

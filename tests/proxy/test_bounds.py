@@ -1,13 +1,15 @@
 """What one harness call may cost the proxy, through a real proxy process and the scripted engine:
 the key is checked before the body is read, a body over the limit gets 413 and a malformed one
 400 in its API's shape (never 500), a ~10 MB call leaves other sessions' calls and the gateway's
-heartbeats flowing and the proxy's memory comes back down, an engine's 400 is in the proxy log,
+heartbeats flowing, is refused (its context) after tokenizing only its start, the proxy's memory
+comes back down, an engine's 400 is in the proxy log,
 and while no engine is registered a call waits (bounded) for one, then gets 503 + Retry-After."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -18,6 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from polar_hpc import wire
+from polar_hpc.proxy.tito import WINDOW_CHARS_PER_TOKEN
 from proxy.helpers import MODEL, start_proxy, stop
 
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]
@@ -157,9 +160,9 @@ def test_an_engine_400_is_in_the_proxy_log(proxy):
 
 
 def test_a_big_call_leaves_other_sessions_heartbeats_and_memory_alone(short_tmp, gateway, engine):
-    """A ~10 MB prompt is tokenized while another session's calls are answered and the proxy
-    keeps heartbeating (with a peer timeout of 4 s it would stop if its loop stalled that long);
-    repeated big calls do not leave the proxy's memory growing."""
+    """A ~10 MB prompt is refused once its first characters hold more tokens than the context, while
+    another session's calls are answered (with a peer timeout of 4 s the proxy would stop if its
+    loop stalled that long); repeated big calls do not leave the proxy's memory growing."""
     p = start_proxy(short_tmp, gateway, engine[0], mode="tito", heartbeat_s=0.2, peer_timeout_s=4)
     try:
         gateway.open("big", "tok-big")
@@ -182,18 +185,16 @@ def test_a_big_call_leaves_other_sessions_heartbeats_and_memory_alone(short_tmp,
                     time.sleep(0.05)
 
             thread = threading.Thread(target=other, args=(done, statuses, latencies))
-            beats = len(gateway.heartbeats)
             thread.start()
             status, _, answer = post(p.url, "openai_chat", "tok-big", body, timeout=300)
             done.set()
             thread.join()
-            assert status == 400 and "context length" in assert_error("openai_chat", answer)
-            sent = [h.t for h in gateway.heartbeats[beats:]]
-            gaps = [b - a for a, b in zip(sent, sent[1:])]
-            # Counted, not timed: with its loop stalled while it tokenizes, the proxy would answer
-            # none of the other session's calls and send no heartbeat until the big call is over.
-            assert statuses == {200} and len(latencies) >= 5, latencies
-            assert len(gaps) >= 5, gaps
+            message = assert_error("openai_chat", answer)
+            assert status == 400 and "context length is 65536 tokens" in message, message
+            counted, total = map(int, re.search(r"counted in its first (\d+) of (\d+) characters", message).groups())
+            assert counted <= WINDOW_CHARS_PER_TOKEN * 65536 < total, message  # refused before all of it was tokenized
+            # Counted, not timed: refused after its first characters, the big call is short now.
+            assert statuses == {200} and latencies, latencies
             after.append(settled_rss_mb(p.proc.pid))  # the worker hands the memory back once the call is over
         assert max(after) < base + 250 and after[-1] < after[0] + 50, (base, after)
         assert p.proc.poll() is None

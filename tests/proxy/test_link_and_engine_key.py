@@ -78,3 +78,30 @@ def test_engine_takes_calls_only_with_the_run_key(short_tmp, gateway, monkeypatc
             stop(bare.proc)
     finally:
         stop(engine)
+
+
+def test_the_proxy_uses_only_engines_that_prove_they_are_the_runs(short_tmp, gateway, monkeypatch) -> None:
+    """An engine of another run (another key) given to the proxy, at its start and by the gateway, is
+    refused before any call reaches it: no engine, then the run's own engine once it is named."""
+    monkeypatch.setenv(ENGINE_KEY_ENV, "another-run")
+    foreign, foreign_url, _ = start_engine(short_tmp, "foreign")
+    monkeypatch.setenv(ENGINE_KEY_ENV, "run-secret")
+    ours, ours_url, _ = start_engine(short_tmp, "ours")
+    try:
+        proxy = start_proxy(short_tmp, gateway, foreign_url, name="proving", engine_wait_s=1)
+        try:
+            with pytest.raises(openai.APIStatusError) as refused:
+                _ask(proxy, "s1")
+            assert refused.value.status_code == 503, refused.value  # no engine: not the foreign one's 401
+            gateway.send(wire.Engines(urls=[foreign_url, ours_url], versions={}))
+            gateway.open("s2", "tok-s2")
+            client = openai.OpenAI(base_url=proxy.base_url, api_key="tok-s2", max_retries=5, timeout=90)
+            assert client.chat.completions.create(model=MODEL, messages=QUESTION).choices[0].message.content
+        finally:
+            stop(proxy.proc)
+        log = proxy.log.read_text()
+        assert f"engine {foreign_url} refused: it cannot prove it is this run's" in log, log
+        assert f"engine {ours_url} refused" not in log, log
+    finally:
+        stop(foreign)
+        stop(ours)

@@ -4,7 +4,8 @@
 
 SPEC: {"read": [path], "list": [path], "write": [path], "tcp": ["host:port"], "post": [url],
 "zmq": [endpoint], "unmount": [path]}. Each attempt is reported as "ok:<what came back>" or the
-exception's class name; the report (stdlib only, plus pyzmq and polar_hpc.wire for "zmq") goes
+exception's class name; "zmq_message" is the status request's bytes (hex; polar-hpc's checkout is
+hidden from a sandbox); the report (stdlib only, plus pyzmq for "zmq") goes
 to stderr, which the gateway keeps as the session's `stderr_tail`.
 """
 
@@ -55,15 +56,14 @@ def proxy_models():
     return urllib.request.urlopen(urllib.request.Request(url, headers=auth), timeout=5).status
 
 
-def zmq_status(endpoint):
+def zmq_status(endpoint, message):
     """Ask the orchestrator for its status with no keys, as any local process could."""
     import zmq
-    from polar_hpc import wire
 
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
-    sock.send(wire.encode(wire.StatusRequest()))
+    sock.send(bytes.fromhex(message))
     answered = sock.poll(3000)
     sock.close()
     return "answered" if answered else "no answer"
@@ -93,7 +93,7 @@ def main(spec):
         "write": {p: attempt(lambda p=p: write(p)) for p in spec.get("write", []) + [home + "/mine.txt"]},
         "tcp": {t: attempt(lambda t=t: connect(t)) for t in spec.get("tcp", [])},
         "post": {u: attempt(lambda u=u: post(u)) for u in spec.get("post", [])},
-        "zmq": {e: attempt(lambda e=e: zmq_status(e)) for e in spec.get("zmq", [])},
+        "zmq": {e: attempt(lambda e=e: zmq_status(e, spec["zmq_message"])) for e in spec.get("zmq", [])},
         "unmount": {p: attempt(lambda p=p: unmount(p)) for p in spec.get("unmount", [])},
         "proxy": attempt(proxy_models),
         "sessions": sessions,

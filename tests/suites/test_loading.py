@@ -77,7 +77,13 @@ def test_hostile_task_folders(tmp_path: Path) -> None:
     fifo = copy_task(tmp_path, "fifo-instruction")
     (fifo / "instruction.md").unlink()
     os.mkfifo(fifo / "instruction.md")
+    inner = copy_task(tmp_path, "link-in-tests")
+    (inner / "tests" / "data").mkdir()
+    (inner / "tests" / "data" / "expected.txt").symlink_to("/etc/shadow")
+    (inner / "tests" / "up").symlink_to(inner / "solution")
     err = check_fails("tasks", "check", tmp_path)
+    assert f"{inner}/tests/data/expected.txt: tests: a symbolic link (links are not followed)" in err
+    assert f"{inner}/tests/up: tests: a symbolic link (links are not followed)" in err
     assert f"{nul}/instruction.md: instruction: contains a NUL byte" in err
     assert f"{huge}/task.toml: larger than" in err
     assert "bad id with spaces: the folder's name is the task id" in err

