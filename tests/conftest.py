@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def polar(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+def polar(*args: str, timeout: float = 280, **kwargs) -> subprocess.CompletedProcess:
     """Run `polar-hpc ARGS` (this interpreter) and capture its output as text."""
     return subprocess.run(
         [sys.executable, "-m", "polar_hpc", *map(str, args)],

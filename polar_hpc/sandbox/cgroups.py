@@ -47,6 +47,7 @@ from polar_hpc.sandbox.limits import Limits
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PARENT = "polar-hpc"
+SWEEP_S = 15.0  # a dead owner's processes, killed at a start, may take this long to be reaped on a busy node
 SESSION_WEIGHT = {False: 1024, True: 100}  # a nice-0 session's (autogroup's) v1 cpu.shares, v2 cpu.weight
 _JOIN = 'for f; do [ "$f" = -- ] && break; echo 0 > "$f" || exit 126; shift; done; shift; exec "$@"'
 _PERIOD_US = 100_000
@@ -215,7 +216,7 @@ class Cgroups:
             if run != self.run or not pid.isdigit():
                 continue
             if live_too or _start_time(int(pid)) != start:
-                _close(owner)
+                _close(owner, SWEEP_S)
                 swept.append(owner)
         return swept
 

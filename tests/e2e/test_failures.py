@@ -44,7 +44,6 @@ def test_crash_timeout_and_wrong_key_are_contained(tmp_path: Path) -> None:
               evaluator={"kind": "regex", "pattern": "\\b5\\b"}),
     ]
     run_dir = tmp_path / "run"
-    t0 = time.monotonic()
     result = polar("run", write_jsonl(tmp_path / "tasks.jsonl", tasks), "--run-dir", run_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     by_id = {(t.task_id, t.sample_index): t for t in trajectories(run_dir)}
@@ -56,12 +55,11 @@ def test_crash_timeout_and_wrong_key_are_contained(tmp_path: Path) -> None:
 
     forever = by_id[("forever", 0)]
     assert forever.status == "timeout"
-    assert 2.5 <= forever.t_end - forever.t_start < 15
+    assert 2.5 <= forever.t_end - forever.t_start < 60  # its deadline, not its sleep of days
     assert live_processes_matching(marker) == [], "the timed-out harness's process tree must be gone"
 
     assert by_id[("wrong-key", 0)].reward == 1.0, "a wrong API key must get 401"
     assert all(by_id[("good", i)].status == "completed" and by_id[("good", i)].reward == 1.0 for i in (0, 1))
-    assert time.monotonic() - t0 < 60
 
 
 def test_ctrl_c_stops_every_process_and_keeps_what_was_captured(tmp_path: Path) -> None:
@@ -70,12 +68,12 @@ def test_ctrl_c_stops_every_process_and_keeps_what_was_captured(tmp_path: Path) 
     tasks = write_jsonl(tmp_path / "tasks.jsonl", [_task("slow", f"sleep {marker}", num_samples=3)])
     proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", str(tasks), "--run-dir", str(run_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 180
     while len(live_processes_matching(marker, "sleep")) < 3 and time.monotonic() < deadline:
         time.sleep(0.1)  # the 3 harnesses themselves (bwrap and its launchers carry the marker too)
     assert len(live_processes_matching(marker, "sleep")) == 3, "sessions never started running"
     proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert "Traceback" not in out
     assert live_processes_matching(marker) == []
