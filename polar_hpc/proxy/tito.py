@@ -46,14 +46,14 @@ import msgspec
 from jinja2 import TemplateError
 
 from polar_hpc.engines.capture import Sampled, Sampling
-from polar_hpc.proxy import aborted
+from polar_hpc.proxy import aborted, constraints
 from polar_hpc.proxy.calls import (
     BadRequest, Call, Outcome, ToolCall, assistant_message, message_key, new_id, offload,
 )
 from polar_hpc.proxy.chat_template import ModelFiles, aliased, compiled
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
-from polar_hpc.proxy.tool_parsers import CallReader, ToolParser, parser_for
+from polar_hpc.proxy.tool_parsers import NO_CALLS, CallReader, ToolParser, parser_for
 
 log = logging.getLogger("polar_hpc.proxy")
 
@@ -316,14 +316,16 @@ class Tito:
         budget = call.max_tokens
         if budget is None:
             budget = max(context_length - len(prompt.ids), 1)
-        sampling = Sampling(budget, call.temperature, call.top_p, tuple(call.stop or ()))
+        sampling = Sampling(budget, call.temperature, call.top_p, tuple(call.stop or ()), call.sampling,
+                            call.top_logprobs, constraints.constraint(call, self._ready()[1]))
         (sampled, url, reply), retried = await self.router.attempt(
             session_id, lambda client: self._generate(client, prompt.ids, sampling, call, emit)
         )
         outcome = self._outcome(call, prompt.ids, sampled, url, reply)
         if sampled.prompt_ids is not None and sampled.prompt_ids != prompt.ids:
             raise EngineError(502, f"engine at {url} sampled from other prompt ids than it was sent", True)
-        outcome.meta.update(rid=call.id, mode="tito", chain=chains.record(prompt, call, outcome))
+        outcome.meta.update(rid=call.id, mode="tito", chain=chains.record(prompt, call, outcome),
+                            sampling=sampling.record(), constrained=constraints.marks(call, sampling.constraint))
         if prompt.chain is None:
             outcome.meta["new_chain"] = prompt.why
         if retried:
@@ -339,12 +341,14 @@ class Tito:
         _, parser, _ = self._ready()
         path, body = self.engine.generate(ids, sampling, call.stream, call.id)
         generation, version = self.engine.Generation(), self.router.version(client.base_url)
+        if call.tool_choice == "none":  # the reply is content, whatever it holds
+            parser = NO_CALLS
         if not call.stream:
             with aborted.checked(client.base_url):
                 text = generation.feed(await client.post_json(path, body))
             sampled = aborted.check(generation.result, version, client.base_url)
             content, calls = parser.parse(text, call.tools)
-            return sampled, client.base_url, (content, [_tool_call(n, a) for n, a in calls])
+            return sampled, client.base_url, (content, [_tool_call(n, a) for n, a in calls][:1 if call.one_call else None])
         reader = CallReader(parser, call.tools)
         pieces: list[str] = []
         tool_calls: list[ToolCall] = []
@@ -355,6 +359,8 @@ class Tito:
                     piece, calls = reader.feed(generation.feed(event))
                 parts: list[str | ToolCall] = [piece, *(_tool_call(n, a) for n, a in calls)]
                 for part in parts:
+                    if call.one_call and tool_calls and isinstance(part, ToolCall):
+                        continue  # parallel tool calls off: the first call only
                     if part:
                         await emit(part)
                         if isinstance(part, str):
@@ -382,6 +388,7 @@ class Tito:
             output_logprobs=sampled.logprobs, weight_version=sampled.weight_version or "",
             engine_url=url, cached_tokens=sampled.cached_tokens,
             token_texts=[self._ready()[0].token_text(i) for i in sampled.ids] if call.logprobs else None,
+            top_logprobs=sampled.top_logprobs,
         )
 
 
