@@ -11,8 +11,10 @@ and `meta`: the rid, chain and retry notes). `BadRequest` is the harness's fault
 formatting of JSON arguments ignored). `StreamEvents` is the base of each API's streamed answer
 (`delta(piece)`: a piece of content or, once complete, a tool call). `sse(data, event)` is one
 Server-Sent Event;
-`usage(outcome)` the token counts; `number(body, key, kind)`, `stops(body, key)` and
-`array(body, key)` read optional fields or raise BadRequest naming them; `decode_object(raw)`
+`usage(outcome)` the token counts; `number(body, key, kind)`, `stops(body, key)`,
+`controls(body)` (seed, top_k, min_p, penalties, logit_bias) and `array(body, key)` read optional
+fields or raise BadRequest naming them; `text_of` is a content's text, any other part (an image,
+`not_text` says why) a BadRequest; `decode_object(raw)`
 is the body as a JSON object, anything else (not UTF-8, not JSON, nested too deep) a BadRequest;
 `check_messages(messages)` refuses Chat messages of the wrong shape, naming the field. `new_id()`
 is a fresh 32-hex-digit id (this process's random prefix and a counter: uuid4's uniqueness
@@ -77,6 +79,7 @@ class Call:
     tool_choice: str | dict[str, str] = "auto"  # auto | none | required | {"name": NAME}
     one_call: bool = False  # parallel tool calls off: the harness gets the first call only
     response_format: dict[str, Any] | None = None  # {"type": "json_object" | "json_schema", "schema"?}
+    n: int = 1  # choices asked (Chat): each a sample of its own
     id: str = field(default_factory=new_id)  # the engine rid, in tito mode
     chat_body: dict[str, Any] | None = None  # openai_chat only: the harness's own body
     size: int = 0  # bytes of the harness's body: over BIG, the call's work is offloaded
@@ -104,6 +107,7 @@ class Outcome:
     token_texts: list[str] | None = None  # per sampled token, when known (chat logprobs)
     top_logprobs: list[list[tuple[str, float]]] | None = None  # per sampled token, when asked
     meta: dict[str, Any] = field(default_factory=dict)
+    choices: list[Outcome] = field(default_factory=list)  # n > 1: the other choices, each recorded
 
 
 def assistant_message(outcome: Outcome) -> dict[str, Any]:

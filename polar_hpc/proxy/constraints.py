@@ -72,6 +72,10 @@ def constraint(call: Call, parser: ToolParser) -> Constraint | None:
     else:  # strict tools under auto: any text until a call begins
         form = {"type": "triggered_tags", "triggers": ["<tool_call>"], "tags": tags,
                 "at_least_one": False, "stop_after_first": call.one_call}
+    return _structural(form)
+
+
+def _structural(form: dict[str, Any]) -> Constraint:
     return Constraint("structural_tag", json.dumps({"type": "structural_tag", "format": form}))
 
 

@@ -84,7 +84,8 @@ CHAT: dict[str, Field] = {
     "frequency_penalty": _h("engine `frequency_penalty`"),
     "logit_bias": _h("engine `logit_bias` (vLLM, SGLang); an engine without it answers 400"),
     "logprobs": _h("each sampled token's logprob, as the engine returned it"),
-    "n": _r("one choice per call", 1),
+    "n": _h("tito: each choice a sample of its own (its own engine request; a seed + i), each recorded "
+            "as a call; at most 16, not streamed; passthrough refuses n > 1"),
     "audio": _r("no audio output"),
     "modalities": _r("text output only", ["text"]),
     "prediction": _r("no predicted outputs"),

@@ -4,7 +4,8 @@
   `messages` array of text, well-typed limits and controls, and only the fields `fields.CHAT`
   honours or lets pass; `tool_choice`, `parallel_tool_calls` and `response_format` in the `Call`'s
   own form (`constraints`). `top_logprobs(body)` reads OpenAI's `top_logprobs`.
-- `response(outcome, body, model)`: the `chat.completion` object (logprobs only when asked).
+- `response(outcome, body, model)`: the `chat.completion` object (logprobs, with the engine's top
+  alternatives, only when asked; one choice per sample when n > 1, `Outcome.choices`).
 - `Events(call, body, model)`: the same answer as `chat.completion.chunk` events while it is
   sampled (a `StreamEvents`): `start()` (the role), `text(delta)` (content as it arrives),
   `tool_call(call, index)` (one `delta.tool_calls` entry with id, name and all the arguments, once
@@ -62,6 +63,9 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
             raise BadRequest(f"tools[{i}]: only function tools are supported", f"tools[{i}]")
     limit = number(body, "max_completion_tokens", int)
+    n = number(body, "n", int) or 1
+    if n > MAX_N or n > 1 and body.get("stream"):
+        raise BadRequest(f"'n' may be 1 to {MAX_N}, and only 1 when streaming", "n")
     call = Call(
         messages=messages, tools=tools or None,
         max_tokens=limit if limit is not None else number(body, "max_tokens", int),
@@ -70,7 +74,7 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         logprobs=bool(body.get("logprobs")), top_logprobs=top_logprobs(body),
         sampling=controls(body), tool_choice=_tool_choice(body.get("tool_choice")),
         one_call=body.get("parallel_tool_calls") is False,
-        response_format=_response_format(body.get("response_format")), chat_body=body,
+        response_format=_response_format(body.get("response_format")), n=n, chat_body=body,
     )
     return body, call
 
@@ -106,8 +110,12 @@ def _response_format(value: Any) -> dict[str, Any] | None:
                      "{type: json_schema, json_schema: {name, schema}}", "response_format")
 
 
+MAX_N = 16  # choices one call may ask for
+
+
 def _usage(outcome: Outcome) -> dict[str, Any]:
     prompt, sampled, cached = usage(outcome)
+    sampled += sum(len(c.output_ids) for c in outcome.choices)
     return {"prompt_tokens": prompt, "completion_tokens": sampled,
             "total_tokens": prompt + sampled, "prompt_tokens_details": {"cached_tokens": cached}}
 
@@ -127,10 +135,10 @@ def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -
         "id": f"chatcmpl-{call_id}", "object": "chat.completion", "created": int(time.time()),
         "model": model,
         "choices": [{
-            "index": 0, "message": assistant_message(outcome),
-            "logprobs": _logprobs(outcome) if body.get("logprobs") else None,
-            "finish_reason": outcome.finish_reason,
-        }],
+            "index": i, "message": assistant_message(choice),
+            "logprobs": _logprobs(choice) if body.get("logprobs") else None,
+            "finish_reason": choice.finish_reason,
+        } for i, choice in enumerate([outcome, *outcome.choices])],
         "usage": _usage(outcome),
     }
 

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from polar_hpc.proxy import aborted, constraints
-from polar_hpc.proxy.calls import Call, Outcome, ToolCall
+from polar_hpc.proxy.calls import BadRequest, Call, Outcome, ToolCall
 from polar_hpc.proxy.routing import Router
 
 
@@ -34,6 +34,8 @@ class Passthrough:
     async def answer(
         self, session_id: str, call: Call, emit: Callable[[str], Awaitable[None]]
     ) -> Outcome:
+        if call.n > 1:
+            raise BadRequest("n > 1 is captured in tito mode only (each choice a sample of its own)", "n")
         path, body = self.engine.chat(chat_body(call, self.model))
 
         async def ask(client):

@@ -13,7 +13,11 @@ the call's conversation, asks an engine to sample from its token ids (the kind's
 piece of content as tokens arrive and for each tool call (a `ToolCall`) as soon as its closing tag
 arrives (`CallReader` over the engine's text), and returns the `Outcome` (the same content and
 calls, ids included; `aborted.Aborted` if the engine aborted the generation; `EngineError` 502 if
-the engine reports other prompt ids than it was sent).
+the engine reports other prompt ids than it was sent). The engine is asked for the call's sampling
+controls and, when the harness asked for structured output, the `constraints.constraint` it decodes
+under; `meta` records both (`sampling`, `constrained`). `tool_choice: none` reads no calls;
+parallel tool calls off keeps the first. Chat's n > 1 samples each choice with a request of its own
+(`Outcome.choices`), each starting its own chain.
 
 Drift-free history: `Chains` (one per session) keeps, for each chain of calls, the conversation
 through the last sampled reply and its exact ids (prompt + sampled). When a call re-sends that
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -318,6 +323,21 @@ class Tito:
             budget = max(context_length - len(prompt.ids), 1)
         sampling = Sampling(budget, call.temperature, call.top_p, tuple(call.stop or ()), call.sampling,
                             call.top_logprobs, constraints.constraint(call, self._ready()[1]))
+        if call.n == 1:
+            return await self._sample(session_id, chains, prompt, call, sampling, emit)
+        # n > 1 (not streamed): each choice a sample of its own, with its own rid (and seed), each
+        # recorded; any choice may be the one the harness goes on with, so each starts its own chain
+        outcomes = await asyncio.gather(*(
+            self._sample(session_id, chains, prompt if i == 0 else dataclasses.replace(prompt, chain=None),
+                         dataclasses.replace(call, id=f"{call.id}-{i}"), _reseeded(sampling, i), emit)
+            for i in range(call.n)))
+        outcomes[0].choices = list(outcomes[1:])
+        return outcomes[0]
+
+    async def _sample(
+        self, session_id: str, chains: Chains, prompt: _Prompt, call: Call, sampling: Sampling,
+        emit: Callable[[str | ToolCall], Awaitable[None]],
+    ) -> Outcome:
         (sampled, url, reply), retried = await self.router.attempt(
             session_id, lambda client: self._generate(client, prompt.ids, sampling, call, emit)
         )
@@ -390,6 +410,13 @@ class Tito:
             token_texts=[self._ready()[0].token_text(i) for i in sampled.ids] if call.logprobs else None,
             top_logprobs=sampled.top_logprobs,
         )
+
+
+def _reseeded(sampling: Sampling, i: int) -> Sampling:
+    """The sampling of choice `i` of n: its seed, when one was given, is the seed + i."""
+    if "seed" not in sampling.controls:
+        return sampling
+    return dataclasses.replace(sampling, controls=dict(sampling.controls, seed=sampling.controls["seed"] + i))
 
 
 def _tool_call(name: str, arguments: str) -> ToolCall:

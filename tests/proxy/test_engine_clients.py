@@ -111,7 +111,8 @@ def test_sampling_controls_constraint_and_alternatives_go_in_each_engines_own_fi
     assert params["json_schema"] == schema and body["top_logprobs_num"] == 3 and body["return_text_in_logprobs"]
     _, body = VLLM.generate([1, 2], sampling, False, "r1")
     assert {k: body[k] for k in controls} == controls
-    assert body["structured_outputs"] == {"json": {"type": "object"}} and body["logprobs"] == 3
+    assert body["structured_outputs"] == {"json": {"type": "object"}}
+    assert body["logprobs"] == 3
     tag = Constraint("structural_tag", '{"type": "structural_tag", "format": {"type": "any_text"}}')
     _, body = VLLM.generate([1], Sampling(4, constraint=tag), False, "r")
     assert body["structured_outputs"] == {"structural_tag": tag.spec}

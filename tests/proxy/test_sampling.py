@@ -22,7 +22,7 @@ CONTROLS = {"seed": 11, "presence_penalty": 0.5, "frequency_penalty": 0.25, "top
 
 def client(proxy, token: str) -> openai.OpenAI:
     proxy.gateway.open(token, token)
-    return openai.OpenAI(base_url=proxy.base_url, api_key=token, max_retries=0, timeout=30)
+    return openai.OpenAI(base_url=proxy.base_url, api_key=token, max_retries=0, timeout=300)
 
 
 def test_controls_reach_the_engine_and_are_recorded(proxy, engine):
@@ -41,12 +41,12 @@ def test_controls_reach_the_engine_and_are_recorded(proxy, engine):
 
 def test_anthropic_and_responses_controls_are_recorded(proxy):
     proxy.gateway.open("s2", "s2")
-    r = httpx.post(proxy.url + "/v1/messages", headers={"x-api-key": "s2"}, timeout=30, json={
+    r = httpx.post(proxy.url + "/v1/messages", headers={"x-api-key": "s2"}, timeout=300, json={
         "model": MODEL, "max_tokens": 32, "messages": ASK, "top_k": 3, "stop_sequences": ["zz"]})
     assert r.status_code == 200, r.text
     sampling = proxy.gateway.expect(wire.CallRecord).meta["sampling"]
     assert sampling["top_k"] == 3 and sampling["stop"] == ["zz"] and sampling["max_tokens"] == 32
-    r = httpx.post(proxy.url + "/v1/responses", headers={"Authorization": "Bearer s2"}, timeout=30, json={
+    r = httpx.post(proxy.url + "/v1/responses", headers={"Authorization": "Bearer s2"}, timeout=300, json={
         "model": MODEL, "input": "hi", "seed": 5, "max_output_tokens": 40})
     assert r.status_code == 200, r.text
     sampling = proxy.gateway.expect(wire.CallRecord).meta["sampling"]
@@ -72,10 +72,10 @@ def test_what_the_engine_cannot_honour_is_its_400(proxy, extra, needle):
 def test_anthropic_any_and_responses_json_format_ask_the_engine(proxy):
     proxy.gateway.open("s4", "s4")
     tools = [{"name": "calculator", "description": "", "input_schema": CALCULATOR["parameters"]}]
-    r = httpx.post(proxy.url + "/v1/messages", headers={"x-api-key": "s4"}, timeout=30, json={
+    r = httpx.post(proxy.url + "/v1/messages", headers={"x-api-key": "s4"}, timeout=300, json={
         "model": MODEL, "max_tokens": 32, "messages": ASK, "tools": tools, "tool_choice": {"type": "any"}})
     assert r.status_code == 400 and "scripted engine" in r.text, r.text
-    r = httpx.post(proxy.url + "/v1/responses", headers={"Authorization": "Bearer s4"}, timeout=30, json={
+    r = httpx.post(proxy.url + "/v1/responses", headers={"Authorization": "Bearer s4"}, timeout=300, json={
         "model": MODEL, "input": "hi", "text": {"format": {"type": "json_object"}}})
     assert r.status_code == 400 and "scripted engine" in r.text, r.text
 
@@ -89,3 +89,23 @@ def test_tool_choice_none_reads_no_calls(proxy):
     assert not choice.message.tool_calls and choice.finish_reason == "stop"
     assert '<tool_call>\n{"name": "calculator"' in choice.message.content  # what the model wrote
     assert proxy.gateway.expect(wire.CallRecord).meta["constrained"] is None
+
+
+def test_n_choices_are_samples_of_their_own_each_recorded(proxy, engine):
+    c = client(proxy, "s6")
+    if proxy.mode == "passthrough":
+        with pytest.raises(openai.BadRequestError, match="tito"):
+            c.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, n=2)
+        return
+    reply = c.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, n=2, seed=7)
+    assert [ch.index for ch in reply.choices] == [0, 1]
+    assert all(ch.message.tool_calls[0].function.name == "calculator" for ch in reply.choices)
+    records = [proxy.gateway.expect(wire.CallRecord) for _ in range(2)]
+    assert sorted(r.meta["choice"] for r in records) == [0, 1]
+    assert len({r.meta["rid"] for r in records}) == 2 and len({r.call_index for r in records}) == 2
+    for r in records:
+        check_capture(r, engine[1])  # each what the engine sampled for its own request
+        assert r.meta["sampling"]["seed"] == 7 + r.meta["choice"]
+    assert reply.usage.completion_tokens == sum(len(r.output_ids) for r in records)
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model=MODEL, messages=ASK, n=2, stream=True)
