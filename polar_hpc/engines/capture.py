@@ -3,8 +3,9 @@
 `engines.kinds.get(kind).client` is that engine kind's client module (`engines/<kind>/client.py`;
 the scripted engine speaks SGLang's routes). Every client module has:
 - `generate(ids, sampling, stream, rid) -> (path, body)`: the request that samples a reply to the
-  prompt `ids` (tito), with the `Sampling` asked, streamed or not, the engine's logprob of each
-  sampled token and the sampled ids returned, special tokens left out of the text.
+  prompt `ids` (tito), with the `Sampling` asked (its controls and `Constraint` in the engine's own
+  fields), streamed or not, the engine's logprob of each sampled token (and the top alternatives
+  when asked) and the sampled ids returned, special tokens left out of the text.
 - `Generation()`: reads that answer, or each event of its stream, in order: `feed(event)` returns
   the text new in it (what the harness may be streamed); `result()` the `Sampled`.
 - `chat(body) -> (path, body)`: the engine's Chat Completions request (passthrough) for an OpenAI
@@ -31,11 +32,36 @@ class BadAnswer(ValueError):
 
 
 @dataclass(frozen=True)
+class Constraint:
+    """Constrained decoding, by the engine's own structured-output support (xgrammar)."""
+
+    kind: str  # json_schema | structural_tag
+    spec: str  # its JSON text: a JSON schema, or a structural tag {"type": "structural_tag", "format"}
+
+
+@dataclass(frozen=True)
 class Sampling:
     max_tokens: int
     temperature: float | None = None  # None: the engine's default
     top_p: float | None = None
     stop: tuple[str, ...] = ()
+    # seed, top_k, min_p, presence_penalty, frequency_penalty, repetition_penalty, logit_bias
+    controls: dict[str, Any] = field(default_factory=dict)
+    top_logprobs: int = 0  # alternatives returned at each sampled token
+    constraint: Constraint | None = None
+
+    def record(self) -> dict[str, Any]:
+        """The sampling parameters the engine was asked for (the call record's `sampling`)."""
+        out: dict[str, Any] = {"max_tokens": self.max_tokens}
+        for key in ("temperature", "top_p"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.stop:
+            out["stop"] = list(self.stop)
+        out.update(self.controls)
+        if self.top_logprobs:
+            out["top_logprobs"] = self.top_logprobs
+        return out
 
 
 @dataclass
@@ -56,6 +82,7 @@ class Sampled:
     content: str | None = None  # chat: the reply's content and tool calls (id, name, arguments)
     tool_calls: list[tuple[str, str, str]] = field(default_factory=list)
     token_texts: list[str] | None = None  # chat: each sampled token's text
+    top_logprobs: list[list[tuple[str, float]]] | None = None  # per token: (text, logprob) alternatives
     message: str = ""
 
 
@@ -82,5 +109,7 @@ def chat_sampled(answer: dict, choice: dict, prompt_ids: Any, ids: Any, version:
         tool_calls=[(str(c["id"]), str(c["function"]["name"]), str(c["function"]["arguments"]))
                     for c in message.get("tool_calls") or []],
         token_texts=[str(e.get("token", "")) for e in entries],
+        top_logprobs=[[(str(a["token"]), float(a["logprob"])) for a in e.get("top_logprobs") or []]
+                      for e in entries],
     ))
 

@@ -3,8 +3,10 @@
 - `parse(raw) -> (body, Call)`: `system` (a string or text blocks) and `messages` (string content,
   or `text` / `tool_use` / `tool_result` blocks; `thinking` blocks are skipped) become Chat
   messages (a user turn's tool results become `tool` messages; a `system` turn, as Claude Code
-  sends mid-conversation, stays a system message); `tools` with an `input_schema` become Chat
-  tools; `max_tokens` is required, as Anthropic requires it.
+  sends mid-conversation, stays a system message); custom `tools` become Chat tools (server tools
+  are refused), `tool_choice` and `output_config.format` the `Call`'s own form; image and document
+  blocks, and fields `fields.ANTHROPIC` refuses or does not know, are a BadRequest; `max_tokens` is
+  required, as Anthropic requires it.
 - `response(outcome, body, model, call_id)`: the `message` object (`text` and `tool_use` blocks,
   `stop_reason` end_turn | tool_use | max_tokens, usage).
 - `Events` (a `StreamEvents`): message_start, a text block streamed as `text_delta`s while
@@ -19,9 +21,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from polar_hpc.proxy import fields
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, decode_object, number, sse, stops, text_of,
-    usage,
+    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, controls, decode_object, not_text, number, sse,
+    stops, text_of, usage,
 )
 from polar_hpc.proxy.openai_chat import token as bearer
 
@@ -46,6 +49,7 @@ def error_body(status: int, message: str, kind: str, param: str | None = None) -
 
 def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
     body = decode_object(raw)
+    fields.check(fields.ANTHROPIC, body)
     max_tokens = number(body, "max_tokens", int)
     if max_tokens is None:
         raise BadRequest("max_tokens: Field required", "max_tokens")
@@ -58,17 +62,52 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         raise BadRequest("messages: must be a non-empty array", "messages")
     for i, turn in enumerate(turns):
         _add_turn(messages, turn, f"messages.{i}")
-    chat_tools = [
-        {"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
-                                          "parameters": t["input_schema"]}}
-        for t in array(body, "tools") if isinstance(t, dict) and "name" in t and "input_schema" in t
-    ]
+    chat_tools = []
+    for i, t in enumerate(array(body, "tools")):
+        if not isinstance(t, dict) or t.get("type", "custom") != "custom" or not isinstance(t.get("name"), str) \
+                or not isinstance(t.get("input_schema"), dict):
+            raise BadRequest(f"tools.{i}: only custom tools (name, input_schema) are supported", f"tools.{i}")
+        fn = {"name": t["name"], "description": t.get("description", ""), "parameters": t["input_schema"]}
+        if t.get("strict") is True:
+            fn["strict"] = True
+        chat_tools.append({"type": "function", "function": fn})
+    choice, one_call = _tool_choice(body.get("tool_choice"))
     call = Call(
         messages=messages, tools=chat_tools or None, max_tokens=max_tokens,
         stop=stops(body, "stop_sequences"), temperature=number(body, "temperature"),
-        top_p=number(body, "top_p"), stream=bool(body.get("stream")),
+        top_p=number(body, "top_p"), stream=bool(body.get("stream")), sampling=controls(body),
+        tool_choice=choice, one_call=one_call, response_format=_output_format(body.get("output_config")),
     )
     return body, call
+
+
+def _tool_choice(value: Any) -> tuple[str | dict[str, str], bool]:
+    """(the choice in the Call's form, whether parallel tool use is off)."""
+    if value is None:
+        return "auto", False
+    kind = value.get("type") if isinstance(value, dict) else None
+    one = value.get("disable_parallel_tool_use") is True if isinstance(value, dict) else False
+    if kind in ("auto", "none"):
+        return kind, one
+    if kind == "any":
+        return "required", one
+    if kind == "tool" and isinstance(value.get("name"), str):
+        return {"name": value["name"]}, one
+    raise BadRequest("tool_choice: must be {type: auto | any | none} or {type: tool, name}", "tool_choice")
+
+
+def _output_format(config: Any) -> dict[str, Any] | None:
+    """`output_config.format` in the Call's form; an `effort` is refused."""
+    if config is None:
+        return None
+    if not isinstance(config, dict) or config.get("effort") is not None or set(config) - {"format", "effort"}:
+        raise BadRequest("output_config: only format is supported (no effort)", "output_config")
+    f = config.get("format")
+    if f is None:
+        return None
+    if not isinstance(f, dict) or f.get("type") != "json_schema" or not isinstance(f.get("schema"), dict):
+        raise BadRequest("output_config.format: must be {type: json_schema, schema}", "output_config.format")
+    return {"type": "json_schema", "schema": f["schema"]}
 
 
 def _text(content: Any, where: str) -> str:
@@ -102,8 +141,7 @@ def _add_turn(messages: list[dict[str, Any]], turn: Any, where: str) -> None:
             messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                              "content": _text(block.get("content", ""), f"{where}.content.{j}.content")})
         elif kind not in ("thinking", "redacted_thinking"):
-            raise BadRequest(f"{where}.content.{j}: blocks of type {kind!r} are not supported here",
-                             f"{where}.content.{j}.type")
+            raise BadRequest(f"{where}.content.{j}: {not_text(kind)} here", f"{where}.content.{j}.type")
     if turn["role"] == "assistant":
         message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
         if calls:

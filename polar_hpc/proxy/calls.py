@@ -11,8 +11,10 @@ and `meta`: the rid, chain and retry notes). `BadRequest` is the harness's fault
 formatting of JSON arguments ignored). `StreamEvents` is the base of each API's streamed answer
 (`delta(piece)`: a piece of content or, once complete, a tool call). `sse(data, event)` is one
 Server-Sent Event;
-`usage(outcome)` the token counts; `number(body, key, kind)`, `stops(body, key)` and
-`array(body, key)` read optional fields or raise BadRequest naming them; `decode_object(raw)`
+`usage(outcome)` the token counts; `number(body, key, kind)`, `stops(body, key)`,
+`controls(body)` (seed, top_k, min_p, penalties, logit_bias) and `array(body, key)` read optional
+fields or raise BadRequest naming them; `text_of` is a content's text, any other part (an image,
+`not_text` says why) a BadRequest; `decode_object(raw)`
 is the body as a JSON object, anything else (not UTF-8, not JSON, nested too deep) a BadRequest;
 `check_messages(messages)` refuses Chat messages of the wrong shape, naming the field. `new_id()`
 is a fresh 32-hex-digit id (this process's random prefix and a counter: uuid4's uniqueness
@@ -72,6 +74,12 @@ class Call:
     top_p: float | None = None
     stream: bool = False
     logprobs: bool = False  # the harness wants per-token logprobs in its answer
+    top_logprobs: int = 0  # and this many alternatives at each token
+    sampling: dict[str, Any] = field(default_factory=dict)  # `controls(body)`: seed, top_k, penalties...
+    tool_choice: str | dict[str, str] = "auto"  # auto | none | required | {"name": NAME}
+    one_call: bool = False  # parallel tool calls off: the harness gets the first call only
+    response_format: dict[str, Any] | None = None  # {"type": "json_object" | "json_schema", "schema"?}
+    n: int = 1  # choices asked (Chat): each a sample of its own
     id: str = field(default_factory=new_id)  # the engine rid, in tito mode
     chat_body: dict[str, Any] | None = None  # openai_chat only: the harness's own body
     size: int = 0  # bytes of the harness's body: over BIG, the call's work is offloaded
@@ -97,7 +105,9 @@ class Outcome:
     engine_url: str
     cached_tokens: int = 0
     token_texts: list[str] | None = None  # per sampled token, when known (chat logprobs)
+    top_logprobs: list[list[tuple[str, float]]] | None = None  # per sampled token, when asked
     meta: dict[str, Any] = field(default_factory=dict)
+    choices: list[Outcome] = field(default_factory=list)  # n > 1: the other choices, each recorded
 
 
 def assistant_message(outcome: Outcome) -> dict[str, Any]:
@@ -110,16 +120,33 @@ def assistant_message(outcome: Outcome) -> dict[str, Any]:
     return message
 
 
+_MEDIA = {"image_url": "images", "input_image": "images", "image": "images", "input_audio": "audio",
+          "input_file": "files", "file": "files", "document": "documents"}
+
+
+def not_text(kind: Any) -> str:
+    """Why a content part of this type is refused."""
+    media = _MEDIA.get(kind) if isinstance(kind, str) else None
+    return f"this model takes no {media}, only text" if media else f"parts of type {kind!r} are not supported"
+
+
 def text_of(content: Any, where: str = "content", kinds: tuple[str, ...] = ("text",)) -> str:
-    """The text of a message's content: a string, or the text of its parts of `kinds`
-    (BadRequest naming `where` for such a part whose text is not a string)."""
+    """The text of a message's content: a string, or the text of its parts, each of `kinds`
+    (BadRequest naming the part for any other part, an image say, or a text that is not a string:
+    nothing but text reaches the model, and nothing is dropped)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         return ""
-    texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") in kinds]
-    if not all(isinstance(t, str) for t in texts):
-        raise BadRequest(f"{where}: the text of a text part must be a string", where)
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in kinds:
+            raise BadRequest(f"{where}[{i}]: {not_text(kind)}", f"{where}[{i}].type")
+        text = part.get("text", "")
+        if not isinstance(text, str):
+            raise BadRequest(f"{where}: the text of a text part must be a string", where)
+        texts.append(text)
     return "".join(texts)
 
 
@@ -208,6 +235,36 @@ def stops(body: dict[str, Any], key: str) -> list[str]:
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
         return list(value)
     raise BadRequest(f"{key!r} must be a string or a list of strings", key)
+
+
+_CONTROLS = {  # sampling controls every API may carry: field -> (type, what it must be)
+    "seed": (int, "an integer"), "top_k": (int, "an integer"), "min_p": (float, "a number"),
+    "presence_penalty": (float, "a number"), "frequency_penalty": (float, "a number"),
+    "repetition_penalty": (float, "a number"),
+}
+
+
+def controls(body: dict[str, Any]) -> dict[str, Any]:
+    """The sampling controls of `body` beyond temperature, top_p, stop and the token limit, for
+    the engine (`_CONTROLS`, and `logit_bias`: token id -> bias), or BadRequest naming one."""
+    out: dict[str, Any] = {}
+    for key, (kind, what) in _CONTROLS.items():
+        value = body.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+            raise BadRequest(f"{key!r} must be {what}", key)
+        out[key] = value
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict) or not all(
+            isinstance(k, str) and k.isdigit() and isinstance(v, (int, float)) and not isinstance(v, bool)
+            for k, v in bias.items()
+        ):
+            raise BadRequest("'logit_bias' must map token ids to numbers", "logit_bias")
+        if bias:
+            out["logit_bias"] = bias
+    return out
 
 
 def decode_object(raw: bytes) -> dict[str, Any]:

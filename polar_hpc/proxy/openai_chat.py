@@ -1,8 +1,11 @@
 """OpenAI Chat Completions as the proxy serves it (POST /v1/chat/completions).
 
 - `parse(raw) -> (body, Call)`: `BadRequest` unless the body is a JSON object with a non-empty
-  `messages` array, n=1, and well-typed limits.
-- `response(outcome, body, model)`: the `chat.completion` object (logprobs only when asked).
+  `messages` array of text, well-typed limits and controls, and only the fields `fields.CHAT`
+  honours or lets pass; `tool_choice`, `parallel_tool_calls` and `response_format` in the `Call`'s
+  own form (`constraints`). `top_logprobs(body)` reads OpenAI's `top_logprobs`.
+- `response(outcome, body, model)`: the `chat.completion` object (logprobs, with the engine's top
+  alternatives, only when asked; one choice per sample when n > 1, `Outcome.choices`).
 - `Events(call, body, model)`: the same answer as `chat.completion.chunk` events while it is
   sampled (a `StreamEvents`): `start()` (the role), `text(delta)` (content as it arrives),
   `tool_call(call, index)` (one `delta.tool_calls` entry with id, name and all the arguments, once
@@ -16,9 +19,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from polar_hpc.proxy import fields
 from polar_hpc.proxy.calls import (
     BadRequest, Call, Outcome, StreamEvents, ToolCall, array, assistant_message, check_messages,
-    decode_object, number, sse, stops, usage,
+    controls, decode_object, number, sse, stops, usage,
 )
 
 API = "openai_chat"
@@ -51,35 +55,78 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' is required and must be a non-empty array of objects", "messages")
     check_messages(messages)
-    if body.get("n") not in (None, 1):
-        raise BadRequest("only n=1 is supported", "n")
+    fields.check(fields.CHAT, body)
     if not isinstance(body.get("stream_options") or {}, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
     tools = array(body, "tools")
-    if not all(isinstance(t, dict) for t in tools):
-        raise BadRequest("'tools' must be an array of objects", "tools")
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
+            raise BadRequest(f"tools[{i}]: only function tools are supported", f"tools[{i}]")
     limit = number(body, "max_completion_tokens", int)
+    n = number(body, "n", int) or 1
+    if n > MAX_N or n > 1 and body.get("stream"):
+        raise BadRequest(f"'n' may be 1 to {MAX_N}, and only 1 when streaming", "n")
     call = Call(
         messages=messages, tools=tools or None,
         max_tokens=limit if limit is not None else number(body, "max_tokens", int),
         stop=stops(body, "stop"), temperature=number(body, "temperature"),
         top_p=number(body, "top_p"), stream=bool(body.get("stream")),
-        logprobs=bool(body.get("logprobs")), chat_body=body,
+        logprobs=bool(body.get("logprobs")), top_logprobs=top_logprobs(body),
+        sampling=controls(body), tool_choice=_tool_choice(body.get("tool_choice")),
+        one_call=body.get("parallel_tool_calls") is False,
+        response_format=_response_format(body.get("response_format")), n=n, chat_body=body,
     )
     return body, call
 
 
+def top_logprobs(body: dict[str, Any]) -> int:
+    """The `top_logprobs` asked (0-20, OpenAI's range), or BadRequest."""
+    value = body.get("top_logprobs") or 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20:
+        raise BadRequest("'top_logprobs' must be an integer from 0 to 20", "top_logprobs")
+    return value
+
+
+def _tool_choice(value: Any) -> str | dict[str, str]:
+    if value is None or value in ("auto", "none", "required"):
+        return value or "auto"
+    fn = value.get("function") if isinstance(value, dict) and value.get("type") == "function" else None
+    if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+        return {"name": fn["name"]}
+    raise BadRequest("'tool_choice' must be auto, none, required or {type: function, function: {name}}",
+                     "tool_choice")
+
+
+def _response_format(value: Any) -> dict[str, Any] | None:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if value is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    spec = value.get("json_schema") if kind == "json_schema" else None
+    if isinstance(spec, dict) and isinstance(spec.get("schema", {}), dict):
+        return {"type": "json_schema", "schema": spec.get("schema") or {"type": "object"}}
+    raise BadRequest("'response_format' must be {type: text}, {type: json_object} or "
+                     "{type: json_schema, json_schema: {name, schema}}", "response_format")
+
+
+MAX_N = 16  # choices one call may ask for
+
+
 def _usage(outcome: Outcome) -> dict[str, Any]:
     prompt, sampled, cached = usage(outcome)
+    sampled += sum(len(c.output_ids) for c in outcome.choices)
     return {"prompt_tokens": prompt, "completion_tokens": sampled,
             "total_tokens": prompt + sampled, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _logprobs(outcome: Outcome) -> dict[str, Any]:
     texts = outcome.token_texts or [""] * len(outcome.output_ids)
+    tops = outcome.top_logprobs or [[]] * len(texts)
     return {"content": [
-        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-        for t, lp in zip(texts, outcome.output_logprobs)
+        {"token": t, "logprob": lp, "bytes": list(t.encode()),
+         "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in top]}
+        for t, lp, top in zip(texts, outcome.output_logprobs, tops)
     ]}
 
 
@@ -88,10 +135,10 @@ def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -
         "id": f"chatcmpl-{call_id}", "object": "chat.completion", "created": int(time.time()),
         "model": model,
         "choices": [{
-            "index": 0, "message": assistant_message(outcome),
-            "logprobs": _logprobs(outcome) if body.get("logprobs") else None,
-            "finish_reason": outcome.finish_reason,
-        }],
+            "index": i, "message": assistant_message(choice),
+            "logprobs": _logprobs(choice) if body.get("logprobs") else None,
+            "finish_reason": choice.finish_reason,
+        } for i, choice in enumerate([outcome, *outcome.choices])],
         "usage": _usage(outcome),
     }
 

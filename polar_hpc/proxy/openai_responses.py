@@ -1,10 +1,12 @@
 """OpenAI Responses as the proxy serves it (POST /v1/responses), stateless (`store` is ignored).
 
 - `parse(raw) -> (body, Call)`: `instructions` and `input` (a string, or message /
-  `function_call` / `function_call_output` items; `reasoning` items are skipped) become Chat
-  messages, an assistant message and the function calls after it one assistant turn; `function`
-  tools become Chat tools (other tool types are not offered to the model). `previous_response_id`
-  is refused: harnesses must re-send their history (`store: false`, as Codex does).
+  `function_call` / `function_call_output` items of text; `reasoning` items are skipped) become
+  Chat messages, an assistant message and the function calls after it one assistant turn;
+  `function` tools become Chat tools (other tool types are refused); `tool_choice`,
+  `parallel_tool_calls` and `text.format` in the `Call`'s form. Fields `fields.RESPONSES` refuses
+  (`previous_response_id` among them: harnesses re-send their history, `store: false` as Codex
+  does) or does not know are a BadRequest.
 - `response(outcome, body, model, call_id)`: the `response` object (a `message` output item with
   `output_text`, one `function_call` item per call, usage; `incomplete` on max_output_tokens).
 - `Events` (a `StreamEvents`): `response.created` / `in_progress`, `output_text.delta` as tokens
@@ -19,8 +21,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from polar_hpc.proxy import fields
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, decode_object, number, sse, text_of, usage,
+    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, controls, decode_object, number, sse, text_of,
+    usage,
 )
 from polar_hpc.proxy.openai_chat import error_body, token  # noqa: F401  (same shapes as Chat)
 
@@ -30,8 +34,10 @@ PATH = "/v1/responses"
 
 def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
     body = decode_object(raw)
-    if body.get("previous_response_id") is not None:
-        raise BadRequest("previous_response_id is not supported: send the whole input", "previous_response_id")
+    fields.check(fields.RESPONSES, body)
+    include = body.get("include") or []
+    if not isinstance(include, list) or any(i != "reasoning.encrypted_content" for i in include):
+        raise BadRequest("'include' may only name reasoning.encrypted_content", "include")
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -45,16 +51,46 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         raise BadRequest("'input' is required: a string or a non-empty array of items", "input")
     for i, item in enumerate(items):
         _add_item(messages, item, f"input[{i}]")
-    chat_tools = [
-        {"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
-        for t in array(body, "tools") if isinstance(t, dict) and t.get("type") == "function" and "name" in t
-    ]
+    chat_tools = []
+    for i, t in enumerate(array(body, "tools")):
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
+            raise BadRequest(f"tools[{i}]: only function tools (with a name) are supported", f"tools[{i}]")
+        keys = ("name", "description", "parameters", "strict")
+        chat_tools.append({"type": "function", "function": {k: t[k] for k in keys if t.get(k) is not None}})
     call = Call(
         messages=messages, tools=chat_tools or None, max_tokens=number(body, "max_output_tokens", int),
         temperature=number(body, "temperature"), top_p=number(body, "top_p"),
-        stream=bool(body.get("stream")),
+        stream=bool(body.get("stream")), sampling=controls(body),
+        tool_choice=_tool_choice(body.get("tool_choice")), one_call=body.get("parallel_tool_calls") is False,
+        response_format=_text_format(body.get("text")),
     )
     return body, call
+
+
+def _tool_choice(value: Any) -> str | dict[str, str]:
+    if value is None or value in ("auto", "none", "required"):
+        return value or "auto"
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
+        return {"name": value["name"]}
+    raise BadRequest("'tool_choice' must be auto, none, required or {type: function, name}", "tool_choice")
+
+
+def _text_format(text: Any) -> dict[str, Any] | None:
+    """`text.format` in the Call's form; `text.verbosity` other than medium refused."""
+    if text is None:
+        return None
+    if not isinstance(text, dict) or text.get("verbosity") not in (None, "medium") or set(text) - {"format", "verbosity"}:
+        raise BadRequest("'text' may hold a format, and no verbosity but medium", "text")
+    f = text.get("format")
+    kind = f.get("type") if isinstance(f, dict) else None
+    if f is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema" and isinstance(f.get("schema", {}), dict):
+        return {"type": "json_schema", "schema": f.get("schema") or {"type": "object"}}
+    raise BadRequest("'text.format' must be {type: text}, {type: json_object} or "
+                     "{type: json_schema, name, schema}", "text.format")
 
 
 def _add_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
@@ -86,8 +122,7 @@ def _add_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
         if not isinstance(output, (str, list)):
             raise BadRequest(f"{where}.output must be a string or an array", f"{where}.output")
         messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                         "content": text_of([dict(p, type="text") for p in output if isinstance(p, dict)]
-                                            if isinstance(output, list) else output, f"{where}.output")})
+                         "content": text_of(output, f"{where}.output", ("input_text",))})
     elif kind != "reasoning":
         raise BadRequest(f"{where}: input items of type {kind!r} are not supported", f"{where}.type")
 

@@ -4,8 +4,10 @@
 Chat Completions body (the harness's own body for `openai_chat`), not streamed, with prompt ids,
 sampled ids and logprobs asked for (the engine kind's client's `chat`, `engines.capture`), emits
 the whole content at once (the engines cannot stream token ids on that route) and returns the
-`Outcome`; `EngineError` (502) if capture fields are missing, `aborted.Aborted` if the engine
-aborted the call.
+`Outcome` (its `meta` with the Chat sampling fields sent and `constraints.marks`: the engine's chat
+route decodes under what the body asks); `EngineError` (502) if capture fields are missing,
+`aborted.Aborted` if the engine aborted the call. Other APIs' calls become Chat bodies with their
+tool choice, response format and sampling controls in Chat's fields.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from types import ModuleType
 from typing import Any
 
-from polar_hpc.proxy import aborted
-from polar_hpc.proxy.calls import Call, Outcome, ToolCall
+from polar_hpc.proxy import aborted, constraints
+from polar_hpc.proxy.calls import BadRequest, Call, Outcome, ToolCall
 from polar_hpc.proxy.routing import Router
 
 
@@ -32,6 +34,8 @@ class Passthrough:
     async def answer(
         self, session_id: str, call: Call, emit: Callable[[str], Awaitable[None]]
     ) -> Outcome:
+        if call.n > 1:
+            raise BadRequest("n > 1 is captured in tito mode only (each choice a sample of its own)", "n")
         path, body = self.engine.chat(chat_body(call, self.model))
 
         async def ask(client):
@@ -44,9 +48,10 @@ class Passthrough:
             rid=s.rid, content=s.content, tool_calls=[ToolCall(*c) for c in s.tool_calls],
             finish_reason=s.finish, prompt_ids=s.prompt_ids or [], output_ids=s.ids,
             output_logprobs=s.logprobs, weight_version=s.weight_version or "", engine_url=url,
-            cached_tokens=s.cached_tokens, token_texts=s.token_texts,
+            cached_tokens=s.cached_tokens, token_texts=s.token_texts, top_logprobs=s.top_logprobs,
         )
-        outcome.meta.update(rid=s.rid, mode="passthrough")
+        outcome.meta.update(rid=s.rid, mode="passthrough", sampling={k: body[k] for k in SAMPLING if k in body},
+                            constrained=constraints.marks(call, None))
         if retried:
             outcome.meta["retried"] = retried
         if outcome.content:
@@ -67,5 +72,20 @@ def chat_body(call: Call, model: str) -> dict[str, Any]:
                 body[key] = getattr(call, key)
         if call.stop:
             body["stop"] = call.stop
+        body.update(call.sampling)
+        if call.tool_choice != "auto":
+            choice = call.tool_choice
+            body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function", "function": choice}
+        if call.one_call:
+            body["parallel_tool_calls"] = False
+        if call.response_format is not None:
+            f = call.response_format
+            body["response_format"] = f if f["type"] == "json_object" else {
+                "type": "json_schema", "json_schema": {"name": "answer", "schema": f["schema"]}}
     body.update(model=model, stream=False)
     return body
+
+
+# the Chat fields that say how the engine samples: the record's `meta["sampling"]`
+SAMPLING = ("max_completion_tokens", "max_tokens", "temperature", "top_p", "stop", "seed", "top_k", "min_p",
+            "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "top_logprobs", "n")

@@ -391,7 +391,13 @@ class _Proxy:
         return flight.sent
 
     def _record(self, api, session: _Session, body, call, outcome, response, times) -> None:
+        for i, choice in enumerate([outcome, *outcome.choices]):  # n > 1: each choice a call record
+            self._record_one(api, session, body, call, choice, response, times, i if outcome.choices else None)
+
+    def _record_one(self, api, session: _Session, body, call, outcome, response, times, choice) -> None:
         meta = dict(outcome.meta)
+        if choice is not None:
+            meta["choice"] = choice
         if session.aborted:
             meta["aborted_attempts"] = aborted.summary(session.aborted)
             session.aborted = []

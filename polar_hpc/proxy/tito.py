@@ -13,7 +13,11 @@ the call's conversation, asks an engine to sample from its token ids (the kind's
 piece of content as tokens arrive and for each tool call (a `ToolCall`) as soon as its closing tag
 arrives (`CallReader` over the engine's text), and returns the `Outcome` (the same content and
 calls, ids included; `aborted.Aborted` if the engine aborted the generation; `EngineError` 502 if
-the engine reports other prompt ids than it was sent).
+the engine reports other prompt ids than it was sent). The engine is asked for the call's sampling
+controls and, when the harness asked for structured output, the `constraints.constraint` it decodes
+under; `meta` records both (`sampling`, `constrained`). `tool_choice: none` reads no calls;
+parallel tool calls off keeps the first. Chat's n > 1 samples each choice with a request of its own
+(`Outcome.choices`), each starting its own chain.
 
 Drift-free history: `Chains` (one per session) keeps, for each chain of calls, the conversation
 through the last sampled reply and its exact ids (prompt + sampled). When a call re-sends that
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
@@ -46,14 +51,14 @@ import msgspec
 from jinja2 import TemplateError
 
 from polar_hpc.engines.capture import Sampled, Sampling
-from polar_hpc.proxy import aborted
+from polar_hpc.proxy import aborted, constraints
 from polar_hpc.proxy.calls import (
     BadRequest, Call, Outcome, ToolCall, assistant_message, message_key, new_id, offload,
 )
 from polar_hpc.proxy.chat_template import ModelFiles, aliased, compiled
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 from polar_hpc.proxy.routing import Router
-from polar_hpc.proxy.tool_parsers import CallReader, ToolParser, parser_for
+from polar_hpc.proxy.tool_parsers import NO_CALLS, CallReader, ToolParser, parser_for
 
 log = logging.getLogger("polar_hpc.proxy")
 
@@ -336,14 +341,31 @@ class Tito:
         budget = call.max_tokens
         if budget is None:
             budget = max(context_length - len(prompt.ids), 1)
-        sampling = Sampling(budget, call.temperature, call.top_p, tuple(call.stop or ()))
+        sampling = Sampling(budget, call.temperature, call.top_p, tuple(call.stop or ()), call.sampling,
+                            call.top_logprobs, constraints.constraint(call, self._ready()[1]))
+        if call.n == 1:
+            return await self._sample(session_id, chains, prompt, call, sampling, emit)
+        # n > 1 (not streamed): each choice a sample of its own, with its own rid (and seed), each
+        # recorded; any choice may be the one the harness goes on with, so each starts its own chain
+        outcomes = await asyncio.gather(*(
+            self._sample(session_id, chains, prompt if i == 0 else dataclasses.replace(prompt, chain=None),
+                         dataclasses.replace(call, id=f"{call.id}-{i}"), _reseeded(sampling, i), emit)
+            for i in range(call.n)))
+        outcomes[0].choices = list(outcomes[1:])
+        return outcomes[0]
+
+    async def _sample(
+        self, session_id: str, chains: Chains, prompt: _Prompt, call: Call, sampling: Sampling,
+        emit: Callable[[str | ToolCall], Awaitable[None]],
+    ) -> Outcome:
         (sampled, url, reply), retried = await self.router.attempt(
             session_id, lambda client: self._generate(client, prompt.ids, sampling, call, emit)
         )
         outcome = self._outcome(call, prompt.ids, sampled, url, reply)
         if sampled.prompt_ids is not None and sampled.prompt_ids != prompt.ids:
             raise EngineError(502, f"engine at {url} sampled from other prompt ids than it was sent", True)
-        outcome.meta.update(rid=call.id, mode="tito", chain=chains.record(prompt, call, outcome))
+        outcome.meta.update(rid=call.id, mode="tito", chain=chains.record(prompt, call, outcome),
+                            sampling=sampling.record(), constrained=constraints.marks(call, sampling.constraint))
         if prompt.chain is None:
             outcome.meta["new_chain"] = prompt.why
         if retried:
@@ -359,12 +381,14 @@ class Tito:
         _, parser, _ = self._ready()
         path, body = self.engine.generate(ids, sampling, call.stream, call.id)
         generation, version = self.engine.Generation(), self.router.version(client.base_url)
+        if call.tool_choice == "none":  # the reply is content, whatever it holds
+            parser = NO_CALLS
         if not call.stream:
             with aborted.checked(client.base_url):
                 text = generation.feed(await client.post_json(path, body))
             sampled = aborted.check(generation.result, version, client.base_url)
             content, calls = parser.parse(text, call.tools)
-            return sampled, client.base_url, (content, [_tool_call(n, a) for n, a in calls])
+            return sampled, client.base_url, (content, [_tool_call(n, a) for n, a in calls][:1 if call.one_call else None])
         reader = CallReader(parser, call.tools)
         pieces: list[str] = []
         tool_calls: list[ToolCall] = []
@@ -375,6 +399,8 @@ class Tito:
                     piece, calls = reader.feed(generation.feed(event))
                 parts: list[str | ToolCall] = [piece, *(_tool_call(n, a) for n, a in calls)]
                 for part in parts:
+                    if call.one_call and tool_calls and isinstance(part, ToolCall):
+                        continue  # parallel tool calls off: the first call only
                     if part:
                         await emit(part)
                         if isinstance(part, str):
@@ -402,7 +428,15 @@ class Tito:
             output_logprobs=sampled.logprobs, weight_version=sampled.weight_version or "",
             engine_url=url, cached_tokens=sampled.cached_tokens,
             token_texts=[self._ready()[0].token_text(i) for i in sampled.ids] if call.logprobs else None,
+            top_logprobs=sampled.top_logprobs,
         )
+
+
+def _reseeded(sampling: Sampling, i: int) -> Sampling:
+    """The sampling of choice `i` of n: its seed, when one was given, is the seed + i."""
+    if "seed" not in sampling.controls:
+        return sampling
+    return dataclasses.replace(sampling, controls=dict(sampling.controls, seed=sampling.controls["seed"] + i))
 
 
 def _tool_call(name: str, arguments: str) -> ToolCall:

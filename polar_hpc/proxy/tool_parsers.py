@@ -5,6 +5,8 @@
 </function></tool_call>`, values typed by the tool's JSON schema) or `auto` (qwen3_coder when the
 template writes `<function=`, else hermes).
 
+`NO_CALLS` reads no calls at all (the whole text is content: tool_choice none).
+
 `CallReader(parser, tools)` reads a reply as it streams: `feed(piece) -> (text, calls)` gives the
 content that may be shown now and each tool call (name, arguments JSON string) as soon as its
 closing tag (`</tool_call>`, or `</function>` for qwen3_coder) has arrived; `finish()` gives the
@@ -52,6 +54,9 @@ class ToolParser:
         return content or None, calls
 
 
+NO_CALLS = ToolParser("none")  # reads no calls: the whole reply is content (tool_choice none)
+
+
 def parser_for(name: str, chat_template: str | None) -> ToolParser:
     if name not in PARSERS:
         raise ValueError(f"unknown tool parser {name!r} (known: {', '.join(PARSERS)})")
@@ -64,7 +69,7 @@ class CallReader:
     """One reply's content and tool calls, read piece by piece."""
 
     def __init__(self, parser: ToolParser, tools: list[dict[str, Any]] | None) -> None:
-        self._qwen = parser.name == "qwen3_coder"
+        self._qwen, self._none = parser.name == "qwen3_coder", parser is NO_CALLS
         self._tools = tools
         self._buf = ""  # text not yet given out, from the first character that may be a call
         self._newlines = ""  # content's trailing newlines, held back
@@ -105,6 +110,8 @@ class CallReader:
         return rest
 
     def _markers(self) -> tuple[str, ...]:
+        if self._none:
+            return ()
         return (_OPEN, _FUNCTION_OPEN) if self._qwen else (_OPEN,)
 
     def _next_marker(self) -> int | None:

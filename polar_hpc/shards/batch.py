@@ -7,7 +7,10 @@ right-padded to the longest row (or `max_len`, which a longer row exceeds with V
 `loss_mask` float32 [B, L] (0 on the prompt and padding, the trace's mask on the response),
 `logprobs` float32 [B, L] (sampling logprob of the token at that position, 0 elsewhere),
 `rewards` float32 [B] (the trajectory's reward, NaN when it has none), `trajectory` int64 [B]
-(which input trajectory the row came from) and `lengths` int64 [B].
+(which input trajectory the row came from), `lengths` int64 [B] and `constrained` int64 [B] (how
+many of the row's calls were decoded under a constraint: their logprobs are the constrained
+distribution's; each call's own marks and sampling parameters are in `trace.constrained` and
+`trace.sampling`).
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ def pad_batch(trajectories: Iterable[Trajectory], pad_id: int = 0, max_len: int 
         "logprobs": np.zeros((n, width), dtype=np.float32),
         "rewards": np.array([math.nan if t.reward is None else t.reward for _, t, _ in rows], dtype=np.float32),
         "trajectory": np.array([i for i, _, _ in rows], dtype=np.int64),
+        "constrained": np.array([sum(bool(c) for c in trace.constrained) for _, _, trace in rows], dtype=np.int64),
         "lengths": lengths,
     }
     for row, (_, _, trace) in enumerate(rows):

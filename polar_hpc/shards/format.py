@@ -64,7 +64,11 @@ def _packed_bytes(obj: Any) -> memoryview:
 
 def _record_struct(name: str, model: type, replace: dict[str, Any]) -> type:
     """A struct with `model`'s fields, in order, some retyped: what decoding checks a record against."""
-    return msgspec.defstruct(name, [(f.name, replace.get(f.name, f.type)) for f in msgspec.structs.fields(model)])
+    return msgspec.defstruct(name, [
+        (f.name, replace.get(f.name, f.type)) if f.required
+        else (f.name, replace.get(f.name, f.type), msgspec.field(default_factory=f.default_factory)
+              if f.default is msgspec.NODEFAULT else f.default)
+        for f in msgspec.structs.fields(model)])
 
 
 _TraceRecord: Any = _record_struct("_TraceRecord", Trace, dict.fromkeys(PACKED, bytes))

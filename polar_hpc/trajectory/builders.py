@@ -138,4 +138,6 @@ class _Chain:
             finish_reason=last.finish_reason,
             weight_versions=[r.weight_version for r in self.records],
             call_indices=[r.call_index for r in self.records],
+            sampling=[r.meta.get("sampling") or {} for r in self.records],
+            constrained=[r.meta.get("constrained") or {} for r in self.records],
         )

@@ -3,7 +3,9 @@
 A trace is one token sequence `prompt_ids + response_ids`; `loss_mask` and `logprobs` are aligned
 1:1 with `response_ids` (mask 1 = sampled by the policy, 0 = inserted by the environment, whose
 logprob is 0.0). `weight_versions` and `call_indices` hold one entry per model call merged into the
-trace, in call order. Constructing either struct with misaligned lists, or a trajectory with an
+trace, in call order, and so do `sampling` (the sampling parameters the engine was asked for) and
+`constrained` (`{}`, or why and how decoding was constrained), which are empty for traces written
+before they existed. Constructing either struct with misaligned lists, or a trajectory with an
 unknown status, raises ValueError.
 
 The token ids and loss mask are held as `array('i')` (int32), the logprobs as `array('f')`
@@ -38,6 +40,8 @@ class Trace(msgspec.Struct, frozen=True):
     finish_reason: str
     weight_versions: list[str]
     call_indices: list[int]
+    sampling: list[dict[str, Any]] = []  # per call: the sampling parameters the engine was asked for
+    constrained: list[dict[str, Any]] = []  # per call: {} or {"reasons": [...], "by": ...} (constrained decoding)
 
     def __post_init__(self) -> None:
         for name, code in PACKED.items():
@@ -52,6 +56,9 @@ class Trace(msgspec.Struct, frozen=True):
             )
         if len(self.weight_versions) != len(self.call_indices):
             raise ValueError("trace needs one weight version per call index")
+        for name in ("sampling", "constrained"):  # absent (older shards) or one per call
+            if getattr(self, name) and len(getattr(self, name)) != len(self.call_indices):
+                raise ValueError(f"trace needs one {name} entry per call index")
 
     @property
     def n_tokens(self) -> int:

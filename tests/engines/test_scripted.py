@@ -179,7 +179,7 @@ def test_chat_tool_call_then_final_answer(engine):
 
 def test_chat_token_ids_logprobs_and_usage_align(engine, fmt):
     url, _ = engine
-    out = chat(url, ASK, tools=[CALC], logprobs=True, top_logprobs=2, return_token_ids=True)
+    out = chat(url, ASK, tools=[CALC], logprobs=True, return_token_ids=True)
     choice = out["choices"][0]
     prompt, response = choice["prompt_token_ids"], choice["response_token_ids"]
     assert prompt == fmt.encode(fmt.render(ASK, [CALC]))
@@ -279,6 +279,17 @@ def test_sample_log_records_what_was_served(engine):
     ("/v1/chat/completions", {"messages": ASK, "max_tokens": 0}, "'max_tokens'"),
     ("/v1/chat/completions", {"messages": ASK, "tools": {"x": 1}}, "'tools'"),
     ("/v1/chat/completions", {"messages": ASK, "max_tokens": 5000}, "context length"),
+    # what SGLang takes but the scripted engine cannot honour is refused, never ignored
+    ("/generate", {"text": "x", "sampling_params": {"json_schema": "{}"}}, "constrained decoding"),
+    ("/generate", {"text": "x", "sampling_params": {"structural_tag": "{}"}}, "constrained decoding"),
+    ("/generate", {"text": "x", "sampling_params": {"logit_bias": {"5": -100}}}, "logit bias"),
+    ("/generate", {"text": "x", "sampling_params": {"n": 2}}, "n=1"),
+    ("/generate", {"text": "x", "sampling_params": {"guided_json": "{}"}}, "unknown sampling parameter"),
+    ("/generate", {"text": "x", "return_logprob": True, "top_logprobs_num": 2}, "top_logprobs_num"),
+    ("/generate", {"text": "x", "image_data": "a.png"}, "unknown /generate field"),
+    ("/v1/chat/completions", {"messages": ASK, "logprobs": True, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": ASK, "tools": [CALC], "tool_choice": "required"}, "'tool_choice'"),
+    ("/v1/chat/completions", {"messages": ASK, "response_format": {"type": "json_object"}}, "'response_format'"),
 ])
 def test_bad_requests_get_400_error_bodies(engine, path, body, needle):
     url, _ = engine

@@ -9,7 +9,7 @@ import pytest
 
 from polar_hpc.config import ConfigError
 from polar_hpc.engines import kinds
-from polar_hpc.engines.capture import BadAnswer, Sampled, Sampling
+from polar_hpc.engines.capture import BadAnswer, Constraint, Sampled, Sampling
 
 SGLANG, VLLM = kinds.get("sglang").client, kinds.get("vllm").client
 IDS, LOGPROBS, TEXTS = [5, 7, 2], [-0.5, -1.25, -0.125], ["a", "bc", ""]
@@ -97,3 +97,40 @@ def test_an_abort_is_reported_as_such() -> None:
     assert _read(SGLANG, [{"text": "", "meta_info": meta}])[1].message == "update"
     with pytest.raises(ConfigError, match="not known"):
         kinds.get("tgi")
+
+
+def test_sampling_controls_constraint_and_alternatives_go_in_each_engines_own_fields() -> None:
+    controls = {"seed": 7, "top_k": 5, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+                "repetition_penalty": 1.1, "logit_bias": {"42": -100}}
+    schema = '{"type": "object"}'
+    sampling = Sampling(9, 0.5, 0.9, ("x",), controls, 3, Constraint("json_schema", schema))
+    _, body = SGLANG.generate([1, 2], sampling, False, "r1")
+    params = body["sampling_params"]
+    assert params["sampling_seed"] == 7 and "seed" not in params  # SGLang's name
+    assert {k: params[k] for k in controls if k != "seed"} == {k: v for k, v in controls.items() if k != "seed"}
+    assert params["json_schema"] == schema and body["top_logprobs_num"] == 3 and body["return_text_in_logprobs"]
+    _, body = VLLM.generate([1, 2], sampling, False, "r1")
+    assert {k: body[k] for k in controls} == controls
+    assert body["structured_outputs"] == {"json": {"type": "object"}}
+    assert body["logprobs"] == 3
+    tag = Constraint("structural_tag", '{"type": "structural_tag", "format": {"type": "any_text"}}')
+    _, body = VLLM.generate([1], Sampling(4, constraint=tag), False, "r")
+    assert body["structured_outputs"] == {"structural_tag": tag.spec}
+    _, body = SGLANG.generate([1], Sampling(4, constraint=tag), False, "r")
+    assert body["sampling_params"]["structural_tag"] == tag.spec and "top_logprobs_num" not in body
+    assert sampling.record() == {"max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "stop": ["x"], **controls,
+                                 "top_logprobs": 3}
+
+
+def test_both_engines_alternatives_are_read() -> None:
+    events = _sglang_events(len(IDS))
+    events[-1]["meta_info"]["output_top_logprobs"] = [[[lp, i, t], [-9.0, 0, "z"]]
+                                                     for lp, i, t in zip(LOGPROBS, IDS, TEXTS)]
+    s = _read(SGLANG, events)[1]
+    assert s.top_logprobs == [[(t, lp), ("z", -9.0)] for lp, t in zip(LOGPROBS, TEXTS)]
+    events = _vllm_events([1])
+    for e in events[:-1]:
+        n = len(e["choices"][0]["token_ids"])
+        e["choices"][0]["logprobs"]["top_logprobs"] = [{"q": -0.5, "z": -9.0}] * n
+    v = _read(VLLM, events)[1]
+    assert v.top_logprobs == [[("q", -0.5), ("z", -9.0)]] * len(IDS)

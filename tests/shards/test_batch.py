@@ -17,7 +17,8 @@ from shards.helpers import make_trajectory
 
 def test_pad_batch_aligns_masks_and_logprobs_with_tokens():
     a = make_trajectory("a", 0, n=6)
-    a.traces.append(Trace([9, 8], [7], [1], [-0.5], [], [], "stop", ["v3"], [2]))
+    a.traces.append(Trace([9, 8], [7], [1], [-0.5], [], [], "stop", ["v3"], [2], [{"seed": 1}],
+                          [{"reasons": ["tool_choice required"], "by": "structural_tag"}]))
     b = make_trajectory("b", 1, reward=None, n=2)
     batch = pad_batch([a, b], pad_id=-1)
     assert batch["input_ids"].shape == (3, 10) and batch["input_ids"].dtype == np.int64
@@ -30,6 +31,7 @@ def test_pad_batch_aligns_masks_and_logprobs_with_tokens():
     assert batch["logprobs"][0, 4:].tolist() == first.logprobs.tolist() and batch["logprobs"][0, :4].tolist() == [0] * 4
     assert batch["loss_mask"][1].tolist() == [0, 0, 1] + [0] * 7
     assert batch["rewards"][:2].tolist() == [1.0, 1.0] and math.isnan(batch["rewards"][2])
+    assert batch["constrained"].tolist() == [0, 1, 0]  # rows whose calls decoded under a constraint
     with pytest.raises(ValueError, match="task 'a' sample 0: a trace of 10 tokens is longer than max_len 8"):
         pad_batch([a], max_len=8)
     assert pad_batch([])["input_ids"].shape == (0, 0)

@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import os
 
+import msgspec
 import pytest
 
 from polar_hpc.shards import ShardWriter, iter_trajectories, shard_files, verify, writer
+from polar_hpc.shards.format import decode_trajectory, encode_record
 from polar_hpc.trajectory.model import Trace
 
 
@@ -16,7 +18,8 @@ def test_round_trip_exact(tmp_path, make_traj):
         make_traj("c", 0, n=17000),  # 68,000-byte arrays: msgpack's bin32
     ]
     originals[0].traces.append(
-        Trace([5], [6, 7], [1, 1], [float("-inf"), -3.5], [], [], "length", ["v2"], [4])
+        Trace([5], [6, 7], [1, 1], [float("-inf"), -3.5], [], [], "length", ["v2"], [4],
+              [{"max_tokens": 2, "seed": 1}], [{"reasons": ["response_format json_schema"], "by": "json_schema"}])
     )
     with ShardWriter(tmp_path / "run" / "shards", "gw0", max_bytes=1 << 20, max_age_s=60) as w:
         names = {w.append(t) for t in originals}
@@ -65,3 +68,11 @@ def test_short_writes_are_resumed_mid_buffer(tmp_path, make_traj, monkeypatch):
         for t in trajs:
             w.append(t)
     assert list(iter_trajectories(tmp_path)) == trajs
+
+
+def test_a_trace_written_before_sampling_and_constrained_existed_reads_with_them_empty(make_traj):
+    record = msgspec.msgpack.decode(encode_record(make_traj("a", 0))[1])
+    for trace in record["traces"]:
+        del trace["sampling"], trace["constrained"]
+    back = decode_trajectory(msgspec.msgpack.encode(record))
+    assert [(t.sampling, t.constrained) for t in back.traces] == [([], [])] * len(back.traces)

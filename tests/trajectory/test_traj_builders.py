@@ -127,3 +127,13 @@ def test_assistant_message_and_final_answer(record):
     b.response = {"error": "boom"}
     with pytest.raises(ValueError, match=r"call 1: openai_chat response has no choices\[0\].message"):
         assistant_message(b)
+
+
+def test_each_calls_sampling_and_constraint_marks_reach_its_trace(record):
+    c0 = record(0, [1, 2, 3], [10, 11])
+    c1 = record(1, [1, 2, 3, 10, 11, 50], [12])
+    c0.meta.update(sampling={"max_tokens": 9, "seed": 3}, constrained=None)
+    c1.meta.update(sampling={"max_tokens": 4}, constrained={"reasons": ["tool_choice required"], "by": "structural_tag"})
+    (t,), _ = build([c0, c1], "prefix_merge")
+    assert t.sampling == [{"max_tokens": 9, "seed": 3}, {"max_tokens": 4}]
+    assert t.constrained == [{}, {"reasons": ["tool_choice required"], "by": "structural_tag"}]

@@ -7,7 +7,8 @@ stream: to the chunk carrying finish_reason), `choices[0].matched_stop` is SGLan
 top-level `metadata.weight_version` is the engine's (in a stream: on the finish chunk). A
 generation aborted by /pause_generation ends with finish_reason "abort" and the text so far.
 `logprobs.content` aligns 1:1 with response_token_ids; in a stream each token's entry comes in its
-own chunk. Only n=1; top_logprobs alternatives are not produced (always []).
+own chunk. Only n=1; asking for top_logprobs alternatives, a logit bias or constrained decoding
+(tool_choice required or named, strict tools, a JSON response_format) is refused (400).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     max_tokens = get_int(body, "max_completion_tokens", None, minimum=1)
     if max_tokens is None:
         max_tokens = get_int(body, "max_tokens", None, minimum=1)
-    get_int(body, "top_logprobs", 0)  # accepted; no alternatives are produced
+    if get_int(body, "top_logprobs", 0):
+        raise BadRequest("the scripted engine has no alternatives to return (top_logprobs)", "top_logprobs")
+    _refuse_constraints(body)
     with_logprobs, with_ids = get_bool(body, "logprobs"), get_bool(body, "return_token_ids")
     stream, options = get_bool(body, "stream"), body.get("stream_options") or {}
     include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
@@ -147,6 +150,18 @@ async def _chunks(
     yield chunk({}, {"metadata": reply.metadata()}, **reply.choice_end)
     if include_usage:
         yield {**head, "choices": [], "usage": reply.usage()}
+
+
+def _refuse_constraints(body: dict[str, Any]) -> None:
+    """What it cannot honour (its replies come from rules, not a distribution it could constrain)."""
+    choice, form = body.get("tool_choice"), body.get("response_format")
+    strict = any(isinstance(t, dict) and isinstance(t.get("function"), dict) and t["function"].get("strict")
+                 for t in body.get("tools") or [])
+    for key, asked in (("tool_choice", choice not in (None, "auto", "none")), ("tools", strict),
+                       ("response_format", isinstance(form, dict) and form.get("type") != "text"),
+                       ("logit_bias", bool(body.get("logit_bias")))):
+        if asked:
+            raise BadRequest(f"the scripted engine cannot constrain or bias decoding ({key!r})", key)
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:

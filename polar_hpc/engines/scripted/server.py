@@ -4,7 +4,9 @@ It exists so the proxy, gateway and tests run on laptops and in CI exactly as th
 SGLang. Replies come from regex rules over the prompt text (`policy.py`), tokens from a small
 byte-level BPE with a ChatML template (`chat_format.py`), logprobs from a hash.
 
-Routes: POST /generate (SGLang native, streaming or not), POST /v1/chat/completions (OpenAI Chat
+Routes: POST /generate (SGLang native, streaming or not; of SGLang's fields and sampling parameters
+it refuses those it cannot honour, constrained decoding, logit bias and top logprobs among them,
+and any SGLang does not know), POST /v1/chat/completions (OpenAI Chat
 with tools, logprobs and SGLang's `return_token_ids`; in `chat.py`), GET /health,
 GET /get_model_info, GET /v1/models, and SGLang's weight-update routes (/pause_generation,
 /update_weights_from_disk, /continue_generation; in `weights.py`). With the environment
@@ -134,6 +136,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     sampling = body.get("sampling_params") or {}
     if not isinstance(sampling, dict):
         raise BadRequest("'sampling_params' must be an object", "sampling_params")
+    refuse_unhonoured(body, sampling)
     stop_ids = sampling.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(type(i) is int for i in stop_ids):
         raise BadRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids")
@@ -165,6 +168,38 @@ async def _generate_chunks(
             yield _generate_body(model, gen, k - 1, with_logprobs, aborted=True)
             return
         yield _generate_body(model, gen, k, with_logprobs)
+
+
+# SGLang's /generate fields and sampling parameters the scripted engine honours. Its policy puts all
+# mass on one reply, which temperature, top-p, top-k, min-p, the penalties and a seed leave as it is.
+GENERATE_FIELDS = frozenset({"text", "input_ids", "sampling_params", "rid", "return_logprob", "stream",
+                             "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs"})
+SAMPLING_PARAMS = frozenset({
+    "max_new_tokens", "stop", "stop_token_ids", "skip_special_tokens", "temperature", "top_p", "top_k",
+    "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "sampling_seed", "n",
+    "spaces_between_special_tokens", "no_stop_trim", "stream_interval",
+})
+# SGLang's that it cannot honour: refused, never ignored
+UNHONOURED = {"json_schema": "constrained decoding", "regex": "constrained decoding",
+              "ebnf": "constrained decoding", "structural_tag": "constrained decoding",
+              "logit_bias": "a logit bias", "min_new_tokens": "a minimum length", "ignore_eos": "ignoring eos",
+              "custom_params": "custom logit processors"}
+
+
+def refuse_unhonoured(body: dict[str, Any], sampling: dict[str, Any]) -> None:
+    """BadRequest for a field SGLang takes that this engine cannot honour, or one SGLang lacks."""
+    for key, value in sampling.items():
+        if key in UNHONOURED and value not in (None, False, {}):
+            raise BadRequest(f"the scripted engine cannot do {UNHONOURED[key]} ({key!r})", key)
+        if key not in SAMPLING_PARAMS and key not in UNHONOURED:
+            raise BadRequest(f"unknown sampling parameter {key!r}", key)
+    if sampling.get("n", 1) not in (None, 1):
+        raise BadRequest("the scripted engine samples one reply per request (n=1)", "n")
+    for key in body:
+        if key not in GENERATE_FIELDS:
+            raise BadRequest(f"unknown /generate field {key!r}", key)
+    if body.get("top_logprobs_num"):
+        raise BadRequest("the scripted engine has no alternatives to return (top_logprobs_num)", "top_logprobs_num")
 
 
 def _prompt_ids(body: dict[str, Any], fmt: ChatFormat) -> list[int]:

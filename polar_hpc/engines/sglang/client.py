@@ -2,7 +2,10 @@
 `engines.capture` client contract.
 
 - tito: `POST /generate` with `input_ids`, `sampling_params` (`max_new_tokens`,
-  `skip_special_tokens`, `stop`, `temperature`, `top_p`), `return_logprob`, `stream`, `rid`.
+  `skip_special_tokens`, `stop`, `temperature`, `top_p`, the controls asked under SGLang's names:
+  `sampling_seed`, `top_k`, `min_p`, the penalties, `logit_bias`; a constraint as `json_schema` or
+  `structural_tag`), `return_logprob` (with `top_logprobs_num` and `return_text_in_logprobs` when
+  alternatives are asked: `meta_info.output_top_logprobs`), `stream`, `rid`.
   Each answer (and each stream event) is cumulative: `text` is the whole text so far and
   `meta_info.output_token_logprobs` `[[logprob, id, text], ...]` every token so far;
   `meta_info.finish_reason` `{"type": stop|length|abort, "matched": ..., "message": ...}`,
@@ -30,8 +33,16 @@ def generate(ids: list[int], sampling: Sampling, stream: bool, rid: str) -> tupl
     for key in ("temperature", "top_p"):
         if getattr(sampling, key) is not None:
             params[key] = getattr(sampling, key)
-    return "/generate", {"input_ids": ids, "sampling_params": params, "return_logprob": True,
-                         "stream": stream, "rid": rid}
+    params.update({_NAMES.get(k, k): v for k, v in sampling.controls.items()})
+    if sampling.constraint is not None:
+        params[sampling.constraint.kind] = sampling.constraint.spec
+    body = {"input_ids": ids, "sampling_params": params, "return_logprob": True, "stream": stream, "rid": rid}
+    if sampling.top_logprobs:
+        body.update(top_logprobs_num=sampling.top_logprobs, return_text_in_logprobs=True)
+    return "/generate", body
+
+
+_NAMES = {"seed": "sampling_seed"}  # SGLang's names of the controls whose names differ
 
 
 class Generation:
@@ -61,6 +72,9 @@ class Generation:
                 matched_stop=finish.get("matched") if isinstance(finish, dict) else None,
                 rid=str(meta.get("id") or ""), text=self._last.get("text") or "",
                 message=str(finish.get("message") or "") if isinstance(finish, dict) else "",
+                top_logprobs=[[(str(a[2]), float(a[0])) for a in alternatives]
+                              for alternatives in meta["output_top_logprobs"]]
+                if meta.get("output_top_logprobs") else None,
             )
         except BROKEN as e:
             raise BadAnswer(f"engine answer lacks capture fields ({e!r})") from None

@@ -1,7 +1,9 @@
 """How the proxy talks to vLLM: the `engines.capture` client contract.
 
 - tito: `POST /v1/completions` with the token ids as `prompt`, `max_tokens`, `stop`,
-  `temperature`, `top_p`, `logprobs: 0` (the sampled token's logprob only), `return_token_ids`,
+  `temperature`, `top_p`, the controls asked (`seed`, `top_k`, `min_p`, the penalties,
+  `logit_bias`), a constraint as `structured_outputs` (`json` or `structural_tag`), `logprobs: K`
+  (the sampled token's logprob, and K alternatives in `top_logprobs`), `return_token_ids`,
   `skip_special_tokens`, `stream`, `request_id`. The answer's `choices[0]` carries `text`,
   `token_ids` (the end token included when it was sampled), `logprobs.token_logprobs` (1:1 with
   them), `prompt_token_ids`, `finish_reason` (stop | length | abort) and `stop_reason` (the stop
@@ -20,6 +22,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+import json
 from typing import Any
 
 import msgspec
@@ -31,9 +34,13 @@ CHAT_PATH = "/v1/chat/completions"
 
 def generate(ids: list[int], sampling: Sampling, stream: bool, rid: str) -> tuple[str, dict[str, Any]]:
     body: dict[str, Any] = {
-        "prompt": ids, "max_tokens": sampling.max_tokens, "logprobs": 0, "return_token_ids": True,
-        "skip_special_tokens": True, "stream": stream, "request_id": rid,
+        "prompt": ids, "max_tokens": sampling.max_tokens, "logprobs": sampling.top_logprobs,
+        "return_token_ids": True, "skip_special_tokens": True, "stream": stream, "request_id": rid,
+        **sampling.controls,
     }
+    if sampling.constraint is not None:
+        c = sampling.constraint
+        body["structured_outputs"] = {"json": json.loads(c.spec)} if c.kind == "json_schema" else {c.kind: c.spec}
     if stream:
         body["stream_options"] = {"include_usage": True}
     if sampling.stop:
@@ -64,7 +71,12 @@ class Generation:
             if choice.get("prompt_token_ids") is not None:
                 s.prompt_ids = msgspec.convert(choice["prompt_token_ids"], list[int])
             s.ids += msgspec.convert(choice.get("token_ids") or [], list[int])
-            s.logprobs += msgspec.convert((choice.get("logprobs") or {}).get("token_logprobs") or [], list[float])
+            logprobs = choice.get("logprobs") or {}
+            s.logprobs += msgspec.convert(logprobs.get("token_logprobs") or [], list[float])
+            if logprobs.get("top_logprobs"):
+                s.top_logprobs = (s.top_logprobs or []) + [
+                    list(msgspec.convert(alternatives, dict[str, float]).items())
+                    for alternatives in logprobs["top_logprobs"]]
             if choice.get("finish_reason"):
                 s.finish, s.matched_stop = str(choice["finish_reason"]), choice.get("stop_reason")
             piece = msgspec.convert(choice.get("text") or "", str)
