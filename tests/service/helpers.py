@@ -21,7 +21,7 @@ def service_job(tmp_path: Path, topology: str) -> Iterator[tuple[subprocess.Pope
         [sys.executable, "-m", "polar_hpc", "run", "--service", "-c", str(tmp_path / "topology.yaml"),
          "--run-dir", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not (run_dir / "rendezvous.json").exists():
             assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()
             time.sleep(0.1)

@@ -12,6 +12,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from polar_hpc.client import Client
 from polar_hpc.shards.reader import iter_trajectories
 from tests.conftest import ROOT
@@ -31,7 +33,7 @@ time.sleep(600)
 """
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 60) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
@@ -39,6 +41,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 60) -> None
         time.sleep(0.1)
 
 
+@pytest.mark.timeout(900)  # three policy versions of a real run, on a busy machine
 def test_three_policy_versions_and_a_resubmitted_batch(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     job = subprocess.Popen(
@@ -54,15 +57,15 @@ def test_three_policy_versions_and_a_resubmitted_batch(tmp_path: Path) -> None:
         trainer.wait()
         with Client(run_dir) as client:
             assert client.submit(train.tasks_for(99, 2, 3)) == first_batch
-            assert client.wait(first_batch, timeout_s=120).total == 6
+            assert client.wait(first_batch, timeout_s=300).total == 6
 
         example = subprocess.run(
             [sys.executable, str(EXAMPLE / "train.py"), str(run_dir), "--work", str(tmp_path / "work"), "--steps", "3"],
-            capture_output=True, text=True, timeout=400,
+            capture_output=True, text=True, timeout=600,
         )
         assert example.returncode == 0, example.stdout + example.stderr
         assert "0 group(s) missing or with the wrong policy version" in example.stdout
-        assert job.wait(timeout=60) == 0  # drained: the job ends by itself
+        assert job.wait(timeout=120) == 0  # drained: the job ends by itself
     finally:
         if job.poll() is None:
             job.kill()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from polar_hpc.client import Client
 from polar_hpc.shards.reader import iter_trajectories
 from tests.conftest import polar
@@ -30,6 +32,7 @@ def _task(tid: str, samples: int) -> dict:
             "harness": {"command": "python3 one_call.py"}, "sandbox": {"files": {"one_call.py": str(HARNESS)}}}
 
 
+@pytest.mark.timeout(600)  # 64 real sessions on a busy 2-core machine
 def test_update_weights_while_64_sessions_are_mid_call(tmp_path: Path) -> None:
     with service_job(tmp_path, TOPOLOGY) as (job, run_dir), Client(run_dir) as client:
         busy = client.submit([_task("busy", 64)])
@@ -51,9 +54,9 @@ def test_update_weights_while_64_sessions_are_mid_call(tmp_path: Path) -> None:
             assert time.monotonic() < deadline + 120, client.status(doomed)
             time.sleep(0.05)
         assert client.cancel(batch_id=doomed) == 2  # running: cancelled through the gateway
-        assert client.wait(doomed, timeout_s=60).states == {"cancelled": 2}
+        assert client.wait(doomed, timeout_s=120).states == {"cancelled": 2}
         client.drain()
-        assert job.wait(timeout=60) == 0
+        assert job.wait(timeout=120) == 0
     versions: dict[str, list[str]] = {"busy": [], "after": []}
     every = list(iter_trajectories(run_dir))
     assert sorted(t.status for t in every if t.task_id == "doomed") == ["cancelled", "cancelled"]
