@@ -110,9 +110,11 @@ def mini_swe_agent(proxy_url: str, token: str, model: str, workspace: Path):
 def codex(proxy_url: str, token: str, model: str, workspace: Path):
     toml = "\n".join([
         f'model = "{model}"', 'model_provider = "polar"', 'approval_policy = "never"',
+        'web_search = "disabled"  # a built-in Responses tool: offline, and not a function the model can call here',
         'sandbox_mode = "danger-full-access"', "", "[model_providers.polar]",
         'name = "polar-hpc proxy"', f'base_url = "{proxy_url}/v1"', 'env_key = "POLAR_API_KEY"',
         'wire_api = "responses"', "",
+        "[features]", "multi_agent = false  # its sub-agent tools come as a Responses `namespace` tool", "",
     ])
     _write(workspace, ".codex/config.toml", toml)
     command = 'codex exec --skip-git-repo-check "$POLAR_INSTRUCTION"'

@@ -97,11 +97,14 @@ def _tool_choice(value: Any) -> tuple[str | dict[str, str], bool]:
 
 
 def _output_format(config: Any) -> dict[str, Any] | None:
-    """`output_config.format` in the Call's form; an `effort` is refused."""
+    """`output_config.format` in the Call's form; an `effort` other than the API's default `high` (which
+    asks for nothing: the model spends what it spends) is refused."""
     if config is None:
         return None
-    if not isinstance(config, dict) or config.get("effort") is not None or set(config) - {"format", "effort"}:
-        raise BadRequest("output_config: only format is supported (no effort)", "output_config")
+    if not isinstance(config, dict) or config.get("effort") not in (None, "high") or set(config) - {"format", "effort"}:
+        effort = config.get("effort") if isinstance(config, dict) else None
+        raise BadRequest(f"output_config: only format and effort high (the default) are supported, not {effort!r}",
+                         "output_config")
     f = config.get("format")
     if f is None:
         return None

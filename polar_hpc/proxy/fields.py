@@ -116,7 +116,9 @@ RESPONSES: dict[str, Field] = {
     "conversation": _r("stateless: send the whole input"),
     "background": _r("answered in the foreground only", False),
     "prompt": _r("no stored prompts"),
-    "reasoning": _r("reasoning settings are not passed to the chat template yet"),
+    "reasoning": _r("reasoning settings are not passed to the chat template yet; `summary: auto` alone asks for "
+                    "nothing the proxy lacks (it returns no reasoning items, which `auto` allows)", {"summary": "auto"}),
+    "client_metadata": _n("the client's own ids (Codex sends its thread and turn); nothing is stored"),
     "max_tool_calls": _r("no built-in tools"),
     "context_management": _r("no server-side context management"),
     "access_programs": _r("no access programs"),
@@ -134,10 +136,15 @@ ANTHROPIC: dict[str, Field] = {
                 "tools are refused"),
     "tool_choice": _h("`auto`; `none`; `any` and `{type: tool, name}`: decoding constrained to tool "
                       "calls by the engine; `disable_parallel_tool_use`: the first call only"),
-    "output_config": _h("`format` (`json_schema`): decoding constrained by the engine; `effort` refused"),
+    "output_config": _h("`format` (`json_schema`): decoding constrained by the engine; `effort` other than the "
+                        "default `high` refused"),
     "cache_control": _n("a prompt-caching marker; the engine's prefix cache needs none"),
     "inference_geo": _n("where the owner runs inference"),
-    "thinking": _r("extended thinking is not passed to the chat template yet", {"type": "disabled"}),
+    "thinking": _r("extended thinking is not passed to the chat template yet; `adaptive` (the model decides "
+                   "whether to think, as without the field) is accepted", {"type": "disabled"}, {"type": "adaptive"},
+                   {"type": "adaptive", "display": "omitted"}),
+    "context_management": _r("no context editing; an edit that clears no thinking (`keep: all`) asks for nothing",
+                             {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}),
     "container": _r("no code-execution containers"),
     "diagnostics": _r("no cache diagnostics"),
     "speed": _r("one speed", "standard"),

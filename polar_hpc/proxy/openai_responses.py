@@ -54,7 +54,8 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
     chat_tools = []
     for i, t in enumerate(array(body, "tools")):
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
-            raise BadRequest(f"tools[{i}]: only function tools (with a name) are supported", f"tools[{i}]")
+            kind = t.get("type") if isinstance(t, dict) else None
+            raise BadRequest(f"tools[{i}]: only function tools (with a name) are supported, not {kind!r}", f"tools[{i}]")
         keys = ("name", "description", "parameters", "strict")
         chat_tools.append({"type": "function", "function": {k: t[k] for k in keys if t.get(k) is not None}})
     call = Call(

@@ -104,12 +104,19 @@ def host_tools() -> dict[str, str] | None:
 def shown_dirs() -> tuple[str, ...]:
     """Folders bound back read-only where they live under a cover (/tmp, /root, /home, a checkout):
     those holding this interpreter, its virtualenv and the PATH entries, each the folder itself and
-    not the one around it (a checkout around a virtualenv stays covered); none inside another,
+    not the one around it (a checkout around a virtualenv stays covered; an npm `.bin` comes with
+    the node_modules its links point into); none inside another,
     which shows it already: each bind costs bwrap a fraction of a ms. Found once per process
     (realpath of every PATH entry: milliseconds, before every command otherwise)."""
     wanted = [sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)]
-    shown = {str(real) for path in filter(os.path.isabs, wanted) if (real := Path(os.path.realpath(path))).is_dir()}
+    shown = {str(_packages(real)) for path in filter(os.path.isabs, wanted)
+             if (real := Path(os.path.realpath(path))).is_dir()}
     return _outermost(shown - {"/"})
+
+
+def _packages(folder: Path) -> Path:
+    """npm's `node_modules/.bin` holds links into the packages beside it: its node_modules is shown."""
+    return folder.parent if folder.name == ".bin" and folder.parent.name == "node_modules" else folder
 
 
 def _outermost(folders: set[str]) -> tuple[str, ...]:
