@@ -333,7 +333,10 @@ class Pipeline:
             metadata["error"] = outcome.error
         reward = None
         if isinstance(task.evaluator, ON_DIFF) and "RUN" in outcome.marks and outcome.status != "cancelled":
-            await self._capture(sandbox, outcome, metadata)
+            if outcome.held is None or sandbox.side_by_side:
+                await self._capture(sandbox, outcome, metadata)
+            else:  # its command still holds the sandbox's layer; the tests it runs need no diff
+                metadata["workspace_diff_error"] = "not captured: the tests run in the held command of an image sandbox"
         if outcome.status == "completed" and task.evaluator is not None:
             reward = await self._evaluate(spec, task, sandbox, records, outcome, metadata)
         if outcome.evaluation_timings:

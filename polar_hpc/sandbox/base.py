@@ -77,6 +77,7 @@ class Sandbox:
     isolates_network = False  # network none/proxy-only get a network namespace of their own
     binds_mounts = False  # `mounts` are seen at their own paths (else at their host folders)
     cgroup_sealed = False  # no command can leave the sandbox's cgroup (its cgroup files are read-only inside)
+    side_by_side = True  # a command may run while another does (not so where each mounts the same writable layer)
     python = sys.executable  # the sandbox's python3, which runs inside.py
     python_flags: tuple[str, ...] = ("-I", "-S")  # stdlib only: no site hook, no PYTHON* variable; starts faster
     inside = str(INSIDE)  # inside.py, as the sandbox sees it

@@ -171,6 +171,7 @@ class BwrapSandbox(RunsAs):
         rootfs = Path(self.image) if self.image and os.path.isdir(self.image) else None
         self.rootfs = rootfs  # the task's image as a root filesystem folder, or None: the host's root, read-only
         self.layer = Layer(self.root, rootfs) if rootfs else None
+        self.side_by_side = self.layer is None  # two overlay mounts of one upper folder would corrupt it
         self.config = ImageConfig.of(rootfs) if rootfs else ImageConfig()
         self.workdir = self.config.workdir  # the image's WorkingDir (made in the layer), or None
         self.cwd: str | None = None  # where commands start in an image (e.g. `workdir`); None: the workspace
