@@ -22,11 +22,13 @@ the harness runs (the oracle finds its solution at /solution); the harness's san
 task's tests and solution folders; its workspace is snapshotted as the base (trajectory.workspace)
 once started, and once the harness has run, its workspace diff is captured (in its own sandbox)
 into the trajectory's metadata (`workspace_diff`: bytes, encoding utf-8 or base64, data; or
-`workspace_diff_error`). The tests then run in the harness's sandbox as it left it (`sandbox:
-session`, the default: in the harness's own command, held after it with its processes, gateway/held.py),
-or with `sandbox: fresh` in a fresh sandbox started (and snapshotted) as the harness starts, where
-the diff is applied; the tests arrive only then. A reward file missing
-or malformed ends the session `error` with the reason; every key of reward.json goes to the
+`workspace_diff_error`; in an image sandbox with the tests in the held command, whose layer one
+command holds at a time, it is captured after the tests: `workspace_diff_after_tests`). The tests
+then run in the harness's sandbox as it left it (`sandbox: session`, the default: in the harness's
+own command, held after it with its processes, gateway/held.py), or with `sandbox: fresh` in a fresh
+sandbox started (and snapshotted) as the harness starts, where the diff is applied; the tests arrive
+only then. A reward file missing or malformed ends the session `error` with the reason; every key of
+reward.json goes to the
 metadata's `rewards`. `evaluation_timings` holds capture_s, apply_s, tests_s (+ fresh_start_s).
 A task's `sandbox.storage_mb` lowers the sandbox's disk limit, `memory_mb` bounds its memory.
 """
@@ -332,17 +334,19 @@ class Pipeline:
         if outcome.error:
             metadata["error"] = outcome.error
         reward = None
-        if isinstance(task.evaluator, ON_DIFF) and "RUN" in outcome.marks and outcome.status != "cancelled":
-            if outcome.held is None or sandbox.side_by_side:
-                await self._capture(sandbox, outcome, metadata)
-            else:  # its command still holds the sandbox's layer; the tests it runs need no diff
-                metadata["workspace_diff_error"] = "not captured: the tests run in the held command of an image sandbox"
+        diff = isinstance(task.evaluator, ON_DIFF) and "RUN" in outcome.marks and outcome.status != "cancelled"
+        after = diff and outcome.held is not None and not sandbox.side_by_side  # the held command holds its layer
+        if diff and not after:
+            await self._capture(sandbox, outcome, metadata)
         if outcome.status == "completed" and task.evaluator is not None:
             reward = await self._evaluate(spec, task, sandbox, records, outcome, metadata)
-        if outcome.evaluation_timings:
-            metadata["evaluation_timings"] = outcome.evaluation_timings
         if outcome.held is not None:
             await outcome.held.close()
+        if after:  # the tests ran in the held command without it; what they wrote in the workspace is in it
+            await self._capture(sandbox, outcome, metadata)
+            metadata["workspace_diff_after_tests"] = True
+        if outcome.evaluation_timings:
+            metadata["evaluation_timings"] = outcome.evaluation_timings
         clean = [await sandbox.cancel(), await _stop_fresh(outcome.fresh)]
         if not all(clean):
             metadata["untrainable"] = "sandbox teardown could not verify that no process survived"
