@@ -27,7 +27,7 @@ from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 STOP_BUDGET_ENV = "POLAR_STOP_BUDGET_S"
-DEFAULT_STOP_BUDGET_S = 60.0  # where no budget is handed down (local runs: no KillWait, nothing to lose to haste)
+DEFAULT_STOP_BUDGET_S = 10.0  # where no budget is handed down (local runs)
 
 
 class ChildFailed(RuntimeError):
