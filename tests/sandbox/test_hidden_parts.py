@@ -58,7 +58,8 @@ def test_a_harness_that_searches_everything_finds_no_hidden_part(tmp_path: Path)
         tasks = [{"id": f"search-{mode}", "instruction": "-", "timeout_s": 300, "sandbox": {
             "network": mode, "files": {"search.py": "search.py"}},
             "harness": {"command": f"python3 search.py '{json.dumps(spec)}'"},
-            "evaluator": {"kind": "tests", "dir": "tests", "command": 'sh "$POLAR_TESTS_DIR/test.sh"'},
+            "evaluator": {"kind": "tests", "dir": "tests", "command": 'sh "$POLAR_TESTS_DIR/test.sh"',
+                          "sandbox": "fresh", "reward": "exit_code"},  # the harness's own output stays its own
             "solution": {"dir": "solution"}} for mode in MODES]
         (repo / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
         _git(repo, "add", "-A")
