@@ -15,6 +15,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and so would every
+# process a test starts (Python keeps an ignored SIGINT); the tests that press Ctrl-C need it as a
+# terminal gives it. A handler here is reset to the default in each child at exec.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 def polar(*args: str, timeout: float = 280, **kwargs) -> subprocess.CompletedProcess:
     """Run `polar-hpc ARGS` (this interpreter) and capture its output as text."""

@@ -62,19 +62,12 @@ def test_crash_timeout_and_wrong_key_are_contained(tmp_path: Path) -> None:
     assert all(by_id[("good", i)].status == "completed" and by_id[("good", i)].reward == 1.0 for i in (0, 1))
 
 
-def _as_at_a_terminal() -> None:
-    """SIGINT as a terminal gives it: a suite started in the background (`cmd &` in a script) runs
-    with SIGINT ignored, which Python and so `polar-hpc run` keep, rightly ignoring the Ctrl-C."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_stops_every_process_and_keeps_what_was_captured(tmp_path: Path) -> None:
     marker = f"97{os.getpid() % 10000:04d}3"
     run_dir = tmp_path / "run"
     tasks = write_jsonl(tmp_path / "tasks.jsonl", [_task("slow", f"sleep {marker}", num_samples=3)])
     proc = subprocess.Popen([sys.executable, "-m", "polar_hpc", "run", str(tasks), "--run-dir", str(run_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=_as_at_a_terminal)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 180
     while len(live_processes_matching(marker, "sleep")) < 3 and time.monotonic() < deadline:
         time.sleep(0.1)  # the 3 harnesses themselves (bwrap and its launchers carry the marker too)
