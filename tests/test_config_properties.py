@@ -189,5 +189,6 @@ def test_a_task_that_cannot_be_encoded_ends_alone_and_the_others_dispatch(bad: A
     specs = table.take(b"gateway", 4)
     assert [s.session_id for s in specs] == ["good#0.0", "good#1.0"]
     assert [(s.session_id, s.state) for s in table.unsendable] == [("odd#0.0", "error"), ("odd#1.0", "error")]
-    assert all("cannot be sent to a gateway" in (s.result.error or "") for s in table.unsendable)
+    assert all("cannot be sent to a gateway" in (table.results[(s.task.id, s.sample_index)].error or "")
+               for s in table.unsendable)
     assert table.status(1).states == {"error": 2, "assigned": 2}
