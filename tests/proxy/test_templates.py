@@ -144,13 +144,16 @@ def sampled(r: Renderer, messages: list[dict], k: int) -> list[int]:
     return ids[: end + 1]
 
 
+CONTEXT = 32768  # the engine's context length: far above these sessions
+
+
 def run_session(r: Renderer, messages: list[dict]) -> tuple[list[CallRecord], list[list[int]]]:
     """Each assistant turn of `messages` as one call through tito's chains; the records and, for
     each call, its prompt as the template renders it."""
     chains, records, rendered = Chains(), [], []
     for k in (i for i, m in enumerate(messages) if m["role"] == "assistant"):
         call = Call(messages=messages[:k], tools=TOOLS)
-        prompt = chains.prompt(r, call)
+        prompt = chains.prompt(r, call, CONTEXT)
         reply = messages[k]
         output = sampled(r, messages, k)
         calls = [ToolCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in reply.get("tool_calls", [])]

@@ -33,6 +33,7 @@ from tests.vllm.model import perturbed as perturb
 from vllm.conftest import vllm_python
 
 PORT = 18200
+SHORT, LONG = 400, 4000  # streamed tokens in `wait` and `abort` updates; LONG fits --max-model-len (and the tiny model's 4096 positions)
 pytestmark = pytest.mark.timeout(1200)
 
 
@@ -80,9 +81,9 @@ async def _complete(http: aiohttp.ClientSession, url: str, max_tokens: int) -> t
     return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
-async def _stream(http: aiohttp.ClientSession, url: str, started: asyncio.Event) -> dict:
+async def _stream(http: aiohttp.ClientSession, url: str, started: asyncio.Event, max_tokens: int) -> dict:
     """A long streamed call: its finish reason, how many tokens it got, and when it ended."""
-    body = {"model": "tiny", "prompt": "Count on:", "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+    body = {"model": "tiny", "prompt": "Count on:", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "return_token_ids": True}
     tokens, finish = 0, None
     async with http.post(f"{url}/v1/completions", json=body) as r:
@@ -99,9 +100,13 @@ async def _stream(http: aiohttp.ClientSession, url: str, started: asyncio.Event)
 
 
 async def _update_while_streaming(client: Client, url: str, key: str, path: Path, version: str, mode: str):
+    """Two streamed calls, then the update once both decode: `wait` calls are short enough to end
+    after it; `abort` calls are as long as the context allows, so the update reaches them mid-stream
+    however fast the tiny model decodes on this machine."""
+    max_tokens = SHORT if mode == "wait" else LONG
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
         events = [asyncio.Event() for _ in range(2)]
-        calls = [asyncio.create_task(_stream(http, url, e)) for e in events]
+        calls = [asyncio.create_task(_stream(http, url, e, max_tokens)) for e in events]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)  # both are decoding
         update = await asyncio.to_thread(client.update_weights, path, version, mode)
         updated = time.monotonic()
@@ -128,7 +133,7 @@ def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
     perturbed = perturb(model, tmp_path / "perturbed")
     topology = (f"engine:\n  kind: vllm\n  python: {python}\n  model: tiny\n  model_path: {model}\n  port: {PORT}\n"
                 "  startup_timeout_s: 900\n"
-                "  extra_args: [--enforce-eager, --dtype, float32, --max-model-len, '2048']\n"
+                "  extra_args: [--enforce-eager, --dtype, float32, --max-model-len, '4096']\n"
                 "gateway:\n  heartbeat_s: 0.5\nservice:\n  enabled: true\n")
     orch, _ = start_orchestrator(run, topology, None)
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1", "HF_HUB_OFFLINE": "1"}  # a bad path is no hub id
@@ -160,7 +165,7 @@ def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
 
         update, updated, calls = asyncio.run(_update_while_streaming(client, url, key, perturbed, "v1", "wait"))
         assert update.errors == [] and update.engines == [url] and update.mode == "wait", update
-        assert [c["finish"] for c in calls] == ["length", "length"] and [c["tokens"] for c in calls] == [400, 400]
+        assert [c["finish"] for c in calls] == ["length", "length"] and [c["tokens"] for c in calls] == [SHORT, SHORT]
         assert all(c["ended"] <= updated for c in calls)  # the update waited for them
         changed = _greedy(url, key)
         assert changed[0] != original[0]
@@ -168,7 +173,7 @@ def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
 
         update, updated, calls = asyncio.run(_update_while_streaming(client, url, key, model, "v2", "abort"))
         assert update.errors == [] and update.engines == [url] and update.mode == "abort", update
-        assert [c["finish"] for c in calls] == ["abort", "abort"] and all(c["tokens"] < 400 for c in calls), calls
+        assert [c["finish"] for c in calls] == ["abort", "abort"] and all(c["tokens"] < LONG for c in calls), calls
         assert _greedy(url, key) == original  # bit-identical: ids and logprobs
         assert _engine_detail(client) == [f"{url} weights v2"]
 
