@@ -33,7 +33,7 @@ from tests.vllm.model import perturbed as perturb
 from vllm.conftest import vllm_python
 
 PORT = 18200
-SHORT, LONG = 400, 4000  # streamed tokens in `wait` and `abort` updates; LONG fits --max-model-len (and the tiny model's 4096 positions)
+SHORT, LONG = 400, 4000  # streamed tokens in wait and abort updates; LONG fits --max-model-len and 4096 positions
 pytestmark = pytest.mark.timeout(1200)
 
 
