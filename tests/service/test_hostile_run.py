@@ -62,19 +62,24 @@ def test_a_local_run_keeps_its_keys_and_survives_hostile_peers(tmp_path: Path) -
         plain.send(wire.encode(wire.StatusRequest()))
         assert not plain.poll(1500)
 
-        hostile = ctx.socket(zmq.DEALER)  # a holder of the client key
+        junk = ctx.socket(zmq.DEALER)  # a holder of the client key
+        security.secure_client(junk, run_dir, security.CLIENT)
+        junk.connect(endpoint)
+        send_junk(junk)  # its last frame drops the connection, and what was queued behind it
+        raw_tcp_junk(endpoint)
+        hostile = ctx.socket(zmq.DEALER)  # so the forbidden kinds go on a connection of their own
         security.secure_client(hostile, run_dir, security.CLIENT)
         hostile.connect(endpoint)
-        send_junk(hostile)
-        raw_tcp_junk(endpoint)
         for forbidden in (wire.Shutdown(reason="intruder"), wire.Hello(gateway_id="evil", host="h", slots=99),
                           wire.Credit(n=99), wire.EngineHello(engine_id="evil", url="http://evil:1",
                                                               weight_version="v9", host="h")):
             hostile.send(wire.encode(forbidden))
 
-        link = ctx.socket(zmq.DEALER)  # the gateway's proxy link (ipc, reachable by the same user)
+        junk_link = ctx.socket(zmq.DEALER)  # the gateway's proxy link (ipc, reachable by the same user)
+        junk_link.connect(_proxy_link(run_dir))
+        send_junk(junk_link)
+        link = ctx.socket(zmq.DEALER)
         link.connect(_proxy_link(run_dir))
-        send_junk(link)
         link.send(wire.encode(wire.ProxyHello(proxy_id="evil", url="http://evil:1")))
         link.send(wire.encode(wire.SessionClosed(session_id="after-attack#0.0", n_calls=0)))
 
