@@ -2,10 +2,10 @@
 
 Each step: submit a batch of calculator tasks (several samples each) with `polar_hpc.client`,
 wait for it, follow the shards for its groups (within the staleness window), compute
-group-normalized advantages, "train" (a stand-in step that writes a new weights folder), and
-publish the folder as the next policy version with `update_weights`. Every group of step N must
-arrive, from version vN only: the script checks it and exits 1 otherwise. At the end it drains
-the job, which then finishes.
+group-normalized advantages and off-policy importance weights (`tis_weights`, `icepop_weights`),
+"train" (a stand-in step that writes a new weights folder), and publish the folder as the next
+policy version with `update_weights`. Every group of step N must arrive, from version vN only: the
+script checks it and exits 1 otherwise. At the end it drains the job, which then finishes.
 
     polar-hpc run --service -c examples/async_grpo/topology.yaml --run-dir RUN &
     python examples/async_grpo/train.py RUN --steps 3 --work WORK
@@ -19,8 +19,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from polar_hpc.client import Client
-from polar_hpc.shards import Filter, Follower, group_advantages
+from polar_hpc.shards import Filter, Follower, correction_summary, group_advantages, icepop_weights, pad_batch, tis_weights
 
 HERE = Path(__file__).resolve().parent
 AGENT = HERE.parent / "calculator" / "agent.py"
@@ -39,11 +41,23 @@ def tasks_for(step: int, n_tasks: int, samples: int) -> list[dict]:
     return tasks
 
 
-def train_step(work: Path, step: int, groups: list) -> Path:
+def stand_in_correction(groups: list) -> dict[str, float]:
+    """The off-policy correction a trainer would apply and log. With no model here, the trainer's logprobs
+    are the sampler's moved by a fixed wave (ratios within e^±1); a real trainer recomputes them, and
+    multiplies its per-token loss by the weights."""
+    batch = pad_batch([t for group in groups for t in group])
+    behaviour, mask = batch["logprobs"], batch["loss_mask"]
+    trainer = behaviour + np.sin(0.7 * np.arange(behaviour.shape[1]))
+    summary = correction_summary(trainer, behaviour, mask, weights=tis_weights(trainer, behaviour, mask, cap=2.0))
+    icepop = correction_summary(trainer, behaviour, mask, weights=icepop_weights(trainer, behaviour, mask, low=0.5, high=5.0))
+    return {**summary, "icepop_masked_fraction": icepop["masked_fraction"]}
+
+
+def train_step(work: Path, step: int, groups: list, correction: dict[str, float]) -> Path:
     """Stand-in for an optimizer step: a new weights folder holding what it was trained on."""
     folder = work / "weights" / f"step-{step}"
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"step": step, "trajectories": sum(len(g) for g in groups), "written": time.time()}
+    record = {"step": step, "trajectories": sum(len(g) for g in groups), "correction": correction, "written": time.time()}
     (folder / "weights.json").write_text(json.dumps(record))
     return folder
 
@@ -78,7 +92,11 @@ def main() -> int:
                 adv = [None if a is None else round(a, 3) for a in group_advantages([t.reward for t in group])]
                 print(f"  {group[0].task_id}: rewards {[t.reward for t in group]} advantages {adv} "
                       f"versions {sorted(versions)}", flush=True)
-            folder = train_step(args.work, step, groups)
+            c = stand_in_correction(groups)
+            print(f"  off-policy correction (stand-in trainer logprobs): {c['tokens']} tokens, ratio mean "
+                  f"{c['mean_ratio']:.3f} max {c['max_ratio']:.3f}, k3 {c['k3']:.4f}; TIS (cap 2) truncated "
+                  f"{c['truncated_fraction']:.1%}; IcePop [0.5, 5] masked {c['icepop_masked_fraction']:.1%}", flush=True)
+            folder = train_step(args.work, step, groups, c)
             update = client.update_weights(folder, f"v{step + 1}")
             print(f"  weights {update.weight_version} on {len(update.engines)} engine(s), "
                   f"generation paused {update.pause_ms:.1f} ms", flush=True)
