@@ -47,5 +47,5 @@ def proxy(request, short_tmp: Path, gateway: FakeGateway, engine) -> Proxy:
     p = start_proxy(short_tmp, gateway, engine[0], mode=request.param)
     p.mode = request.param
     yield p
-    stop(p.proc)
+    p.stop()
     assert p.proc.returncode == 0, (short_tmp / "p.log").read_text()

@@ -2,12 +2,15 @@
 
 `FakeGateway` owns a real ZeroMQ ROUTER bound on ipc in a thread: it heartbeats the proxy (unless
 `beating` is cleared), counts its heartbeats, and queues every other message for `expect`.
-`start_proxy` runs `polar-hpc proxy` and returns once its ready file names its URL.
+`start_proxy` runs `polar-hpc proxy` and returns once its ready file names its URL; `Proxy.stop`
+stops it as its gateway does (Shutdown over the link; a signal alone leaves a proxy serving its
+open sessions for most of the stop budget).
 `wait_gauge` waits until an engine's /metrics gauge (SGLang's names) reads a value.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import signal
@@ -91,6 +94,7 @@ class FakeGateway:
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.bind(self.endpoint)
         self._peer: bytes | None = None
+        self._proxies: dict[str, bytes] = {}  # proxy_id -> its link's identity, from its ProxyHello
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
@@ -104,11 +108,13 @@ class FakeGateway:
                 if isinstance(message, wire.Heartbeat):
                     self.heartbeats.append(message)
                 else:
+                    if isinstance(message, wire.ProxyHello):
+                        self._proxies[message.proxy_id] = self._peer
                     self._inbox.put(message)
             while self._peer is not None and not self._outbox.empty():
-                item = self._outbox.get()
+                to, item = self._outbox.get()
                 frames = item if isinstance(item, list) else [wire.encode(item)]
-                self._sock.send_multipart([self._peer, *frames])
+                self._sock.send_multipart([self._proxies.get(to, self._peer), *frames])
             due = time.monotonic() - last_beat > 0.2
             if self._peer is not None and self.beating.is_set() and due:
                 self._sock.send_multipart([self._peer, beat])
@@ -116,9 +122,13 @@ class FakeGateway:
         self._sock.close(linger=0)
         self._ctx.term()
 
-    def send(self, message: wire.Message | list[bytes]) -> None:
-        """Send a message, or (a list) these raw frames."""
-        self._outbox.put(message)
+    def send(self, message: wire.Message | list[bytes], to: str | None = None) -> None:
+        """Send a message, or (a list) these raw frames, to the proxy `to` (None: the last that spoke)."""
+        self._outbox.put((to, message))
+
+    @property
+    def closed(self) -> bool:
+        return self._done.is_set()
 
     def next(self, timeout: float = 10.0) -> wire.Message:
         return self._inbox.get(timeout=timeout)
@@ -147,9 +157,17 @@ class FakeGateway:
 
 
 class Proxy:
-    def __init__(self, proc: subprocess.Popen, url: str, gateway: FakeGateway, log: Path) -> None:
-        self.proc, self.url, self.gateway, self.log = proc, url, gateway, log
+    def __init__(self, proc: subprocess.Popen, name: str, url: str, gateway: FakeGateway, log: Path) -> None:
+        self.proc, self.name, self.url, self.gateway, self.log = proc, name, url, gateway, log
         self.base_url = url + "/v1"
+
+    def stop(self) -> None:
+        """Shutdown from its gateway, then its exit (a signal after a hang's ceiling)."""
+        if self.proc.poll() is None and not self.gateway.closed:
+            self.gateway.send(wire.Shutdown(reason="test done"), to=self.name)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=60)
+        stop(self.proc)
 
 
 def start_proxy(
@@ -167,7 +185,7 @@ def start_proxy(
     url = wait_ready(proc, ready)
     hello = gateway.expect(wire.ProxyHello)
     assert hello == wire.ProxyHello(proxy_id=name, url=url)
-    return Proxy(proc, url, gateway, tmp / f"{name}.log")
+    return Proxy(proc, name, url, gateway, tmp / f"{name}.log")
 
 
 def sample_for(log: Path, rid: str) -> dict:

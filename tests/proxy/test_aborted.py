@@ -37,7 +37,7 @@ def proxy(request, short_tmp, gateway, slow_engine):
     p = start_proxy(short_tmp, gateway, slow_engine[0], mode=request.param)
     p.mode = request.param
     yield p
-    stop(p.proc)
+    p.stop()
 
 
 async def _call(url: str, token: str, api: str, stream: bool,

@@ -58,7 +58,7 @@ def test_a_burst_of_connections_waits_in_the_backlog(short_tmp, gateway):
         try:
             assert _burst_while_stopped(proxy.proc.pid, proxy.url) == BURST
         finally:
-            stop(proxy.proc)
+            proxy.stop()
         assert _burst_while_stopped(engine.pid, engine_url) == BURST
     finally:
         stop(engine)

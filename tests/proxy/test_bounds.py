@@ -21,7 +21,7 @@ import pytest
 
 from polar_hpc import wire
 from polar_hpc.proxy.tito import WINDOW_CHARS_PER_TOKEN
-from proxy.helpers import MODEL, start_proxy, stop
+from proxy.helpers import MODEL, start_proxy
 
 ASK = [{"role": "user", "content": "What is 2 + 2?"}]
 APIS = {  # path, auth header for a key, a minimal body
@@ -99,7 +99,7 @@ def small_limit(short_tmp, gateway, engine):
     p = start_proxy(short_tmp, gateway, engine[0], mode="passthrough", max_body_mb=1)
     gateway.open("s", "tok-s")
     yield p
-    stop(p.proc)
+    p.stop()
 
 
 def test_a_body_without_a_valid_key_is_refused_before_it_is_read(small_limit):
@@ -199,7 +199,7 @@ def test_a_big_call_leaves_other_sessions_heartbeats_and_memory_alone(short_tmp,
         assert max(after) < base + 250 and after[-1] < after[0] + 50, (base, after)
         assert p.proc.poll() is None
     finally:
-        stop(p.proc)
+        p.stop()
     assert p.proc.returncode == 0
 
 
@@ -225,7 +225,7 @@ def waiting(short_tmp, gateway, engine):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     yield p
-    stop(p.proc)
+    p.stop()
 
 
 def test_without_an_engine_a_call_waits_then_gets_503_in_its_api_shape(waiting):

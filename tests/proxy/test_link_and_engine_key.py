@@ -46,7 +46,7 @@ def test_any_multipart_from_the_gateway_end_leaves_the_link_alive(short_tmp, gat
         assert gateway.expect(wire.SessionClosed).n_calls == 1
         assert proxy.proc.poll() is None
     finally:
-        stop(proxy.proc)
+        proxy.stop()
     log = (short_tmp / "hl.log").read_text()
     assert "ignoring a message from the gateway: 3 frames where 1 belong" in log
     assert "50 frames where 1 belong" in log and "undecodable (67108865 bytes)" in log and "Traceback" not in log
@@ -67,7 +67,7 @@ def test_engine_takes_calls_only_with_the_run_key(short_tmp, gateway, monkeypatc
             assert _ask(proxy, "s1")
             assert gateway.expect(wire.CallRecord).session_id == "s1"
         finally:
-            stop(proxy.proc)
+            proxy.stop()
         monkeypatch.delenv(ENGINE_KEY_ENV)
         bare = start_proxy(short_tmp, gateway, url, name="no-key", mode="passthrough")
         try:
@@ -75,7 +75,7 @@ def test_engine_takes_calls_only_with_the_run_key(short_tmp, gateway, monkeypatc
                 _ask(bare, "s2")
             assert refused.value.status_code == 502 and "401" in str(refused.value)
         finally:
-            stop(bare.proc)
+            bare.stop()
     finally:
         stop(engine)
 
@@ -98,7 +98,7 @@ def test_the_proxy_uses_only_engines_that_prove_they_are_the_runs(short_tmp, gat
             client = openai.OpenAI(base_url=proxy.base_url, api_key="tok-s2", max_retries=5, timeout=90)
             assert client.chat.completions.create(model=MODEL, messages=QUESTION).choices[0].message.content
         finally:
-            stop(proxy.proc)
+            proxy.stop()
         log = proxy.log.read_text()
         assert f"engine {foreign_url} refused: it cannot prove it is this run's" in log, log
         assert f"engine {ours_url} refused" not in log, log

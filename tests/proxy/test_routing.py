@@ -44,6 +44,6 @@ def test_least_loaded_for_new_sessions_then_sticky(short_tmp, gateway):
             clients["b"].chat.completions.create(model=MODEL, messages=HI, max_tokens=1)
             assert gateway.expect(wire.CallRecord).engine_url == records["b"]
     finally:
-        stop(proxy.proc)
+        proxy.stop()
         for proc, _, _ in engines:
             stop(proc)

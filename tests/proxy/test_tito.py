@@ -182,7 +182,7 @@ def test_reformatted_history_is_spliced_token_exactly(short_tmp, gateway, engine
         check_capture(r4, engine[1])
         assert r4.meta["chain"] == 1 and r4.meta["new_chain"] == "message 1 differs from chain 0"
     finally:
-        stop(proxy.proc)
+        proxy.stop()
 
 
 def test_tokens_stream_as_they_are_sampled(short_tmp, gateway):
@@ -203,7 +203,7 @@ def test_tokens_stream_as_they_are_sampled(short_tmp, gateway):
         # pieces arrive at the engine's pace (40 ms a token), not all at once at the end
         assert arrivals[-1] - arrivals[0] > 0.5 * 0.04 * (n - 2)
     finally:
-        stop(proxy.proc)
+        proxy.stop()
         stop(proc)
 
 
@@ -227,7 +227,7 @@ def test_failover_when_an_engine_stops_mid_session(short_tmp, gateway):
         check_capture(r2, engines[urls.index(r2.engine_url)][2])
         assert extends(r2, r1)  # the chain survives the move
     finally:
-        stop(proxy.proc)
+        proxy.stop()
         for proc, _, _ in engines:
             stop(proc)
 
@@ -257,7 +257,7 @@ def test_strict_model_refuses_other_names(short_tmp, gateway, engine):
         assert answer.model == MODEL
         assert gateway.expect(wire.CallRecord).call_index == 0  # the refused call left none
     finally:
-        stop(proxy.proc)
+        proxy.stop()
 
 
 def test_tokenizer_is_loaded_before_hello_never_on_a_call(short_tmp, gateway, engine):
@@ -272,7 +272,7 @@ def test_tokenizer_is_loaded_before_hello_never_on_a_call(short_tmp, gateway, en
         check_capture(gateway.expect(wire.CallRecord), engine[1])
         assert proxy.log.read_text().count("tito: tokenizer ") == 1
     finally:
-        stop(proxy.proc)
+        proxy.stop()
 
 
 def test_renderer_tokenizes_on_the_calling_thread():

@@ -54,7 +54,7 @@ def setup():
             yield proxies, log
         finally:
             for proxy in proxies.values():
-                stop(proxy.proc)
+                proxy.stop()
             stop(engine)
             for gateway in gateways:
                 gateway.close()

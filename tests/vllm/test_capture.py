@@ -18,7 +18,7 @@ import pytest
 from polar_hpc import wire
 from polar_hpc.engines.tiny import conversation as calc
 from proxy.conftest import gateway, short_tmp  # noqa: F401 (fixtures)
-from proxy.helpers import CALCULATOR, MODEL, start_proxy, stop
+from proxy.helpers import CALCULATOR, MODEL, start_proxy
 
 pytestmark = pytest.mark.timeout(900)  # the session's vLLM may start within a test: minutes on a busy host
 MAX = 12
@@ -41,7 +41,7 @@ def proxy(request, short_tmp, gateway, vllm):  # noqa: F811
     gateway.send(wire.Engines(urls=[vllm.url], versions={vllm.url: "v7"}))
     gateway.open("s", "tok")
     yield p
-    stop(p.proc)
+    p.stop()
     assert p.proc.returncode == 0, p.log.read_text()
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from polar_hpc import wire
 from proxy.conftest import gateway, short_tmp  # noqa: F401 (fixtures)
-from proxy.helpers import MODEL, start_proxy, stop
+from proxy.helpers import MODEL, start_proxy
 from vllm.conftest import start_vllm
 from vllm.model import model_dir, perturbed
 
@@ -50,7 +50,7 @@ def test_a_killed_engine_fails_over_and_nothing_is_recorded_twice(vllm, short_tm
         choice = direct["choices"][0]
         assert (record.output_ids, record.output_logprobs) == (choice["token_ids"], choice["logprobs"]["token_logprobs"])
         assert answer.choices[0].finish_reason == choice["finish_reason"]
-        stop(proxy.proc)
+        proxy.stop()
     finally:
         second.stop(kill=True)
 
