@@ -29,18 +29,16 @@ _TASKS_HELP = ("Tasks: YAML (one or a list) or JSONL of ours, a Harbor task fold
                "a SWE-bench dataset (.jsonl, .json, .parquet), or a suite file (`suite: PATH`, docs/tasks.md).")
 
 
-def _guard(fn, failures: tuple[type[Exception], ...] = ()):
-    """Run fn(); bad input (ConfigError) becomes a one-line error and exit code 2, and `failures`
-    (what went wrong at run time: a child that died, a missing tool) an error and exit code 1."""
-    from polar_hpc.errors import ConfigError
+def _guard(fn):
+    """Run fn(); a PolarError becomes a one-line error and its exit code (2: bad input or a refused
+    submission or request; 1: what went wrong at run time: a child that died, a tool that failed)."""
+    from polar_hpc.errors import PolarError
 
     try:
         return fn()
-    except ConfigError as e:
-        _fail(str(e))
-    except failures as e:
+    except PolarError as e:
         typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(e.exit_code) from None
 
 
 @app.command()
@@ -55,11 +53,10 @@ def run(
     """Run a job on this machine: scripted engine, orchestrator, one gateway with its proxy."""
     from rich.console import Console
 
-    from polar_hpc import procs
     from polar_hpc.launch.local import LocalRun, run_local
 
     spec = LocalRun(tasks, config, run_dir, service)
-    raise typer.Exit(_guard(lambda: run_local(spec, Console()), (procs.ChildFailed,)))
+    raise typer.Exit(_guard(lambda: run_local(spec, Console())))
 
 
 @app.command()
@@ -299,7 +296,7 @@ def image_build(
     from polar_hpc.sandbox import images
 
     out = output or Path(f"{Path(name).stem}.sif")
-    raise typer.Exit(_guard(lambda: images.build(name, out.resolve(), fakeroot), (images.ImageError,)))
+    raise typer.Exit(_guard(lambda: images.build(name, out.resolve(), fakeroot)))
 
 
 @image_app.command("pull")
@@ -312,8 +309,7 @@ def image_pull(
 
     from polar_hpc.suites import images
 
-    _guard(lambda: images.pull_suite(suite, (cache or images.cache_dir()).absolute(), Console(width=160)),
-           (images.ImageError,))
+    _guard(lambda: images.pull_suite(suite, (cache or images.cache_dir()).absolute(), Console(width=160)))
 
 
 @tasks_app.command("check")

@@ -20,7 +20,7 @@ answered by the orchestrator (anything malformed in between is skipped):
 - `update_weights(path, version, mode=None)`: every engine loads `path` as `version`; calls in
   flight finish first (`wait`) or are aborted and retried by the harness (`abort`); None: the
   topology's `service.weight_update_mode`. Returns WeightsUpdated (mode, engines, longest pause,
-  failures; RuntimeError if every engine failed, ConfigError for an unknown mode).
+  failures; WeightUpdateFailed if every engine failed, ConfigError for an unknown mode).
 - `drain()`: no more tasks; the run ends once every session has ended.
 
 No answer within `timeout_s` raises ConnectionError (a wrong key gets none: CURVE drops it).
@@ -37,7 +37,8 @@ from typing import Any
 import zmq
 
 from polar_hpc import security, wire
-from polar_hpc.config import ConfigError, Task
+from polar_hpc.config import Task
+from polar_hpc.errors import ConfigError, RequestRefused, WeightUpdateFailed
 from polar_hpc.orchestrator.service import validate
 
 
@@ -87,7 +88,7 @@ class Client:
                 continue
             if not isinstance(reply, wire.Heartbeat):
                 if isinstance(reply, wire.Refused):
-                    raise ConfigError(reply.error)
+                    raise RequestRefused(reply.error)
                 return reply
         sock.close()  # a late answer must not be read as the next request's
         self._sock = None
@@ -142,7 +143,7 @@ class Client:
         reply = self._ask(request, timeout_s)
         assert isinstance(reply, wire.WeightsUpdated), reply
         if reply.errors and not reply.engines:
-            raise RuntimeError(f"no engine loaded weights {version}: " + "; ".join(reply.errors))
+            raise WeightUpdateFailed(f"no engine loaded weights {version}: " + "; ".join(reply.errors))
         return reply
 
     def drain(self) -> wire.StatusReply:

@@ -25,13 +25,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar_hpc.errors import ChildFailed
+
 _PR_SET_PDEATHSIG = 1
 STOP_BUDGET_ENV = "POLAR_STOP_BUDGET_S"
 DEFAULT_STOP_BUDGET_S = 10.0  # where no budget is handed down (local runs)
 
-
-class ChildFailed(RuntimeError):
-    """A child process exited or never became ready; the message carries its log's tail."""
 
 
 @dataclass

@@ -32,6 +32,7 @@ import zmq
 
 from polar_hpc import procs, security, wire
 from polar_hpc.config import Topology, load_topology
+from polar_hpc.errors import ChildFailed
 from polar_hpc.engines import command, identity, kinds
 
 STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL to what is left of a server's process group
@@ -57,7 +58,7 @@ def run_step(kind: str, run_dir: Path) -> int:
         for (child, port), url in zip(servers, urls):
             why = identity.check(f"http://127.0.0.1:{port}", key) if url and key else None
             if why is not None:
-                raise procs.ChildFailed(f"{child.name}: not registered, it cannot prove it is this run's engine: {why}")
+                raise ChildFailed(f"{child.name}: not registered, it cannot prove it is this run's engine: {why}")
         sock = _connect(run_dir, stopping)
         if sock is None:
             return 0
@@ -99,14 +100,14 @@ def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str, base
             env["CUDA_VISIBLE_DEVICES"] = devices
         port = engine.port + i
         if identity.port_taken(port):
-            raise procs.ChildFailed(f"{kind} server {i}: port {port} (engine.port + {i}) on {node} is already taken "
+            raise ChildFailed(f"{kind} server {i}: port {port} (engine.port + {i}) on {node} is already taken "
                                     "by another process; this run serves only an engine it started: free the port "
                                     "or set engine.port")
         argv = launch.command(engine, "0.0.0.0", port)
         try:
             servers.append((procs.spawn_command(f"{kind}-{node}-{i}", argv, logs / f"engine-{node}-{i}.log", env), port))
         except OSError as e:  # engine.python missing or not executable
-            raise procs.ChildFailed(f"{kind} server {i}: cannot run {argv[0]}: {e.strerror}") from None
+            raise ChildFailed(f"{kind} server {i}: cannot run {argv[0]}: {e.strerror}") from None
 
 
 def split_devices(visible: str | None, gpus: int, tp_size: int) -> list[str | None]:
@@ -145,7 +146,7 @@ def _wait_healthy(child: procs.Child, port: int, host: str, topology: Topology, 
         except OSError:
             pass
         if time.monotonic() > deadline:
-            raise procs.ChildFailed(f"{child.name}: no /health after {topology.engine.startup_timeout_s:.0f}s")
+            raise ChildFailed(f"{child.name}: no /health after {topology.engine.startup_timeout_s:.0f}s")
         time.sleep(0.5)
     return ""
 
@@ -165,7 +166,7 @@ def _connect(run_dir: Path, stopping: list) -> zmq.Socket | None:
 def main(kind: str, run_dir: Path) -> None:
     try:
         code = run_step(kind, run_dir)
-    except procs.ChildFailed as e:
+    except ChildFailed as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1
     raise SystemExit(code)

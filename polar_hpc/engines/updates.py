@@ -16,10 +16,12 @@ from typing import Any
 
 import aiohttp
 
+from polar_hpc.errors import PolarError
+
 MODES = ("wait", "abort")
 
 
-class UpdateFailed(RuntimeError):
+class UpdateFailed(PolarError):
     """An engine answered, but did not do what was asked."""
 
 

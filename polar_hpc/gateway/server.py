@@ -42,6 +42,7 @@ import zmq.asyncio
 
 from polar_hpc import metrics, procs, security, wire
 from polar_hpc.config import Topology, load_topology
+from polar_hpc.errors import ChildFailed
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
 from polar_hpc.sandbox import Cgroups, SandboxError, backend
 from polar_hpc.sandbox.cgroups import run_key
@@ -260,7 +261,7 @@ class _Gateway:
         while not self.proxy.hello.is_set() and not self.stopping.is_set():  # a stop need not wait for it
             proxy_proc.check()
             if time.monotonic() > deadline:
-                raise procs.ChildFailed(f"proxy not ready after 60 s:\n{proxy_proc.tail()}")
+                raise ChildFailed(f"proxy not ready after 60 s:\n{proxy_proc.tail()}")
             await asyncio.sleep(0.02)
         log.info("proxy serving harnesses at %s", self.proxy.url)
 

@@ -25,7 +25,8 @@ from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmExecutor
 
 from polar_hpc import assets, security
-from polar_hpc.config import ConfigError, SlurmComponent, SlurmConfig, Topology, load_topology
+from polar_hpc.config import SlurmComponent, SlurmConfig, Topology, load_topology
+from polar_hpc.errors import ConfigError, SubmissionError
 from polar_hpc.launch.driver import job_main
 from polar_hpc.launch.rundir import prepare, record_job, resolve
 from polar_hpc.orchestrator.journal import progress
@@ -131,25 +132,25 @@ def resume(target: str) -> tuple[str, Path]:
     run_dir, job_id = resolve(target)
     state = job_state(job_id)[0] if job_id else ""
     if state in ACTIVE:
-        raise ConfigError(f"{target}: job {job_id} of this run is {state}; one job per run "
+        raise SubmissionError(f"{target}: job {job_id} of this run is {state}; one job per run "
                           f"(`polar-hpc cancel {job_id}` first)")
     topology = load_topology(run_dir / "topology.yaml")
     p = progress(run_dir)
     if p.total and not p.left and not topology.service.enabled:
-        raise ConfigError(f"{target}: nothing to resume: all {p.total} sessions of the run have ended")
+        raise SubmissionError(f"{target}: nothing to resume: all {p.total} sessions of the run have ended")
     return _submit_job(run_dir, topology, run_dir / "topology.yaml"), run_dir
 
 
 def _need_sbatch(command: str) -> None:
     if shutil.which("sbatch") is None:
-        raise ConfigError(f"{command}: no `sbatch` here; run it on a Slurm login node (or --dry-run, or polar-hpc run)")
+        raise SubmissionError(f"{command}: no `sbatch` here; run it on a Slurm login node (or --dry-run, or polar-hpc run)")
 
 
 def _submit_job(run_dir: Path, topology: Topology, source: Path | None) -> str:
     try:
         job = _executor(run_dir, topology).submit(job_main, run_dir)
     except (FailedJobError, OSError) as e:
-        raise ConfigError(f"{source}: sbatch refused the job: {_last_line(str(e))}") from None
+        raise SubmissionError(f"{source}: sbatch refused the job: {_last_line(str(e))}") from None
     record_job(job.job_id, run_dir)
     return job.job_id
 

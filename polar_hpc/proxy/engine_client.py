@@ -27,13 +27,14 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from polar_hpc.errors import PolarError
 from polar_hpc.security import ENGINE_KEY_ENV
 
 _LINE_LIMIT = 1 << 20  # the longest status, header or chunk-size line accepted
 _PIECE = 1 << 16
 
 
-class EngineError(Exception):
+class EngineError(PolarError):
     """The engine did not produce an answer; `status` is what the harness should get."""
 
     def __init__(self, status: int, message: str, started: bool = False) -> None:

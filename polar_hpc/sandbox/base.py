@@ -45,6 +45,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar_hpc.errors import PolarError
 from polar_hpc.sandbox import files
 from polar_hpc.sandbox import cgroups as cg
 from polar_hpc.sandbox.limits import Limits
@@ -65,7 +66,7 @@ class ExecResult:
     limit: str | None = None  # the limit the command broke and was killed for
 
 
-class SandboxError(Exception):
+class SandboxError(PolarError):
     """The sandbox could not be started (a prepare command failed, a file is missing...)."""
 
 

@@ -27,6 +27,8 @@ import threading
 from pathlib import Path, PurePosixPath
 from typing import Callable, TypeVar
 
+from polar_hpc.errors import PolarError
+
 CHUNK = 1 << 20
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -34,7 +36,7 @@ _WRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK |
 T = TypeVar("T")
 
 
-class FileError(Exception):
+class FileError(PolarError):
     """A path that is not there, leaves its folder, crosses a link, or is not a regular file."""
 
 

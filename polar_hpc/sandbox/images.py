@@ -4,7 +4,7 @@
 harness-python, harness-node, or a path to a .def file); `build(...)` runs it from the repository
 root (gateway.def copies the repository in, so it is built from a checkout; an installed wheel
 carries the definitions as polar_hpc/_assets/containers/). Bad names are a `ConfigError`; a missing `apptainer`
-is an `ImageError` that says where to build instead.
+is a `ToolFailed` that says where to build instead.
 """
 
 from __future__ import annotations
@@ -14,13 +14,10 @@ import subprocess
 from pathlib import Path
 
 from polar_hpc import assets
-from polar_hpc.config import ConfigError
+from polar_hpc.errors import ConfigError, ToolFailed
 
 CONTAINERS = assets.folder("containers")
 
-
-class ImageError(RuntimeError):
-    """The image cannot be built here."""
 
 
 def names() -> list[str]:
@@ -47,13 +44,13 @@ def build_argv(name: str, output: Path, fakeroot: bool, executable: str = "appta
 def build(name: str, output: Path, fakeroot: bool) -> int:
     argv = build_argv(name, output, fakeroot)
     if shutil.which(argv[0]) is None:
-        raise ImageError(
+        raise ToolFailed(
             "apptainer is not on PATH: build images on a machine that has Apptainer (often a cluster's "
             "login or build node, e.g. after `module load apptainer`); see containers/README.md"
         )
     source = CONTAINERS.parent  # a checkout's root, where gateway.def's %files are
     if Path(argv[-1]) == CONTAINERS / "gateway.def" and not (source / "pyproject.toml").is_file():
-        raise ImageError("the gateway image copies polar-hpc's source in: build it from a checkout of the "
+        raise ToolFailed("the gateway image copies polar-hpc's source in: build it from a checkout of the "
                          "repository (the harness images build from an installed package too)")
     output.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.run(argv, cwd=source).returncode

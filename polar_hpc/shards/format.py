@@ -30,6 +30,7 @@ from typing import Any, BinaryIO
 import deflate
 import msgspec
 
+from polar_hpc.errors import PolarError
 from polar_hpc.trajectory.model import PACKED, Trace, Trajectory
 
 MAGIC = b"POLARSH1"
@@ -41,7 +42,7 @@ _LITTLE = sys.byteorder == "little"
 Buffer = bytes | memoryview  # memoryviews of format "B": len() is their size in bytes
 
 
-class FormatError(Exception):
+class FormatError(PolarError):
     def __init__(self, offset: int, reason: str) -> None:
         super().__init__(f"byte offset {offset}: {reason}")
         self.offset = offset

@@ -44,7 +44,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar_hpc.config import ConfigError, Task
+from polar_hpc.config import Task
+from polar_hpc.errors import ConfigError, ToolFailed
 from polar_hpc.sandbox.layer import MAX_CONFIG_BYTES
 from polar_hpc.sandbox.owner import NOBODY, give
 
@@ -59,9 +60,6 @@ _LOOPBACK = ("localhost", "127.0.0.1")
 DOCKERFILE_ONLY = "Dockerfile only: not built (no builder); runs on the host's tree + environment/workspace"
 _UNSAFE = stat.S_ISUID | stat.S_ISGID | stat.S_IWGRP | stat.S_IWOTH  # cleared in an unpacked image
 
-
-class ImageError(RuntimeError):
-    """A tool the pull needs is missing or failed (not the suite's fault)."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +184,7 @@ def pull_suite(path: Path, cache: Path, console) -> list[Pulled]:
             wanted.setdefault(task.sandbox.image, []).append(task)
     for tool in ("skopeo", "apptainer" if shutil.which("apptainer") else "umoci"):
         if wanted and shutil.which(tool) is None:
-            raise ImageError(f"{tool} is not on PATH: `image pull` needs skopeo, and umoci (local root "
+            raise ToolFailed(f"{tool} is not on PATH: `image pull` needs skopeo, and umoci (local root "
                              "filesystems) or apptainer (SIF images); e.g. apt-get install skopeo umoci")
     done, problems = [], []
     for image, users in wanted.items():
@@ -209,7 +207,7 @@ def pull_suite(path: Path, cache: Path, console) -> list[Pulled]:
 
 
 def pull(ref: Reference, cache: Path, tasks: int = 1) -> Pulled:
-    """Fetch `ref` into `cache` once (ConfigError: unknown or unreachable; ImageError: a tool failed)."""
+    """Fetch `ref` into `cache` once (ConfigError: unknown or unreachable; ToolFailed: a tool failed)."""
     t0 = time.monotonic()
     digest = ref.digest or _skopeo(["inspect", *ref.tls_flags(), "--no-tags", "--format", "{{.Digest}}", ref.transport],
                                    INSPECT_TIMEOUT_S, ConfigError, "cannot resolve").strip()
@@ -259,7 +257,7 @@ def _image_config(layout: Path) -> str:
     """The OCI image config (Env, WorkingDir, User...) of the one image in `layout`, as JSON text."""
     def blob(digest: object) -> dict:
         if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-            raise ImageError(f"the pulled layout names no sha256 digest ({str(digest)[:80]!r})")
+            raise ToolFailed(f"the pulled layout names no sha256 digest ({str(digest)[:80]!r})")
         with open(layout / "blobs" / "sha256" / digest[7:], "rb") as f:
             return json.loads(f.read(MAX_CONFIG_BYTES))
 
@@ -268,7 +266,7 @@ def _image_config(layout: Path) -> str:
             manifest = blob(json.loads(f.read(MAX_CONFIG_BYTES))["manifests"][0]["digest"])
         return json.dumps(blob(manifest["config"]["digest"]))
     except (OSError, ValueError, LookupError, TypeError) as e:
-        raise ImageError(f"the pulled image's config cannot be read: {e!r}"[:400]) from None
+        raise ToolFailed(f"the pulled image's config cannot be read: {e!r}"[:400]) from None
 
 
 def registries_conf() -> list[str]:
@@ -314,9 +312,9 @@ def _run(argv: list[str], what: str) -> None:
     try:
         r = subprocess.run(argv, capture_output=True, text=True, timeout=PULL_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise ImageError(f"{what}: not done within {PULL_TIMEOUT_S}s") from None
+        raise ToolFailed(f"{what}: not done within {PULL_TIMEOUT_S}s") from None
     if r.returncode != 0:
-        raise ImageError(f"{what} exited {r.returncode}: {_tail(r.stderr)}")
+        raise ToolFailed(f"{what} exited {r.returncode}: {_tail(r.stderr)}")
 
 
 def _tail(text: str) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shlex
 
+from polar_hpc.errors import PolarError
 from polar_hpc.sandbox import Sandbox, SandboxError
 
 MAX_DIFF_BYTES = 16 << 20
@@ -36,7 +37,7 @@ _CAPTURE = (f"{GIT} add -A --ignore-errors; "
             f"{GIT} diff --cached --binary --no-color --no-ext-diff --no-textconv refs/polar/base")
 
 
-class DiffError(Exception):
+class DiffError(PolarError):
     """The workspace's diff could not be taken or applied."""
 
 

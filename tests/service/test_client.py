@@ -13,6 +13,7 @@ import pytest
 from polar_hpc import security
 from polar_hpc.client import Client, ServiceBusy
 from polar_hpc.config import ConfigError
+from polar_hpc.errors import RequestRefused
 from tests.conftest import polar
 from tests.orchestrator.helpers import start_orchestrator
 
@@ -77,7 +78,7 @@ def test_bad_tasks_are_refused_before_anything_is_sent(service_run: Path) -> Non
         with pytest.raises(ConfigError, match="duplicate task id"):
             client.submit([_task("d"), _task("d")])
         client.drain()
-        with pytest.raises(ConfigError, match="draining"):
+        with pytest.raises(RequestRefused, match="draining"):  # the job refused it
             client.submit([_task("late")])
         assert client.run_status().total == 2
 

@@ -27,6 +27,7 @@ import pytest
 
 from polar_hpc import security
 from polar_hpc.client import Client
+from polar_hpc.errors import WeightUpdateFailed
 from tests.orchestrator.helpers import start_orchestrator
 from tests.vllm.model import model_dir
 from tests.vllm.model import perturbed as perturb
@@ -179,7 +180,7 @@ def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
 
         (tmp_path / "empty").mkdir()
         for bad in (tmp_path / "no-such-checkpoint", tmp_path / "empty"):  # refused before the engine is paused
-            with pytest.raises(RuntimeError, match=f"no engine loaded weights v3: {url}: {bad} is no folder holding"):
+            with pytest.raises(WeightUpdateFailed, match=f"no engine loaded weights v3: {url}: {bad} is no folder holding"):
                 client.update_weights(bad, "v3", "abort")
         with urllib.request.urlopen(urllib.request.Request(url + "/is_paused", headers={"Authorization": f"Bearer {key}"})) as r:
             assert json.load(r) == {"is_paused": False}
