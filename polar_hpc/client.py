@@ -38,11 +38,11 @@ import zmq
 
 from polar_hpc import security, wire
 from polar_hpc.config import Task
-from polar_hpc.errors import ConfigError, RequestRefused, WeightUpdateFailed
+from polar_hpc.errors import ConfigError, PolarError, RequestRefused, WeightUpdateFailed
 from polar_hpc.orchestrator.service import validate
 
 
-class ServiceBusy(Exception):
+class ServiceBusy(PolarError):
     def __init__(self, busy: wire.Busy) -> None:
         super().__init__(f"the run's queue is full ({busy.queued}/{busy.max_queued}); retry in {busy.retry_after_s:.1f}s")
         self.retry_after_s = busy.retry_after_s

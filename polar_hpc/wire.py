@@ -43,6 +43,8 @@ from typing import Any, Union
 import msgspec
 import zmq
 
+from polar_hpc.errors import PolarError
+
 
 class Message(msgspec.Struct, tag=True, forbid_unknown_fields=False):
     """Base of every wire message; the tag is the class name."""
@@ -392,7 +394,7 @@ def decode(data: bytes) -> AnyMessage:
 MAX_MESSAGE_BYTES = 64 * 2**20  # to the orchestrator: a batch of thousands of tasks fits with room to spare
 
 
-class BadMessage(ValueError):
+class BadMessage(PolarError, ValueError):
     """A received multipart that is not one wire message: the reason is the text."""
 
 

@@ -24,10 +24,12 @@ from typing import Any
 
 import msgspec
 
+from polar_hpc.errors import PolarError
+
 BROKEN = (KeyError, IndexError, TypeError, ValueError, AttributeError, msgspec.ValidationError)
 
 
-class BadAnswer(ValueError):
+class BadAnswer(PolarError, ValueError):
     """The engine's answer lacks what capture needs."""
 
 

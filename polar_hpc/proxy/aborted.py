@@ -21,13 +21,14 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from polar_hpc.errors import PolarError
 from polar_hpc.engines.capture import BadAnswer, Sampled
 from polar_hpc.proxy.engine_client import EngineError
 
 RETRY_HEADERS = {"Retry-After": "1", "x-should-retry": "true"}
 
 
-class Aborted(Exception):
+class Aborted(PolarError):
     def __init__(self, message: str, weight_version: str) -> None:
         super().__init__(message)
         self.message, self.weight_version = message, weight_version

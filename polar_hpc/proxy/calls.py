@@ -40,8 +40,10 @@ from typing import Any, Callable
 
 import msgspec
 
+from polar_hpc.errors import PolarError
 
-class BadRequest(Exception):
+
+class BadRequest(PolarError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param

@@ -44,7 +44,7 @@ class EngineError(PolarError):
         self.started = started
 
 
-class _BadAnswer(Exception):
+class _BadAnswer(PolarError):
     """What the engine sent is not HTTP/1.x."""
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from polar_hpc.errors import PolarError
 from polar_hpc.wire import CallRecord
 
 SUPPORTED_APIS = ("openai_chat",)
 
 
-class UnsupportedApi(ValueError):
+class UnsupportedApi(PolarError, ValueError):
     """The record's api has no message adapter here."""
 
 

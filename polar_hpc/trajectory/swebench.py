@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar_hpc.errors import ToolFailed
 from polar_hpc.config import SwebenchEvaluator
 from polar_hpc.sandbox import files
 from polar_hpc.sandbox.base import Sandbox
@@ -52,7 +53,7 @@ class Graded:
     report: dict[str, Any] = field(default_factory=dict)  # the package's report for the instance
 
 
-class SwebenchMissing(Exception):
+class SwebenchMissing(ToolFailed):
     """The `swebench` package is not installed."""
 
 

@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polar_hpc.errors import PolarError
 from polar_hpc.engines.scripted.chat_format import ChatFormat
 from polar_hpc.engines.scripted.policy import Policy, logprobs
 
 
-class BadRequest(Exception):
+class BadRequest(PolarError):
     """A request the engine refuses (HTTP 400); `param` names the offending field, if any."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
