@@ -15,6 +15,7 @@ The stop budget: a process told to stop (SIGTERM, Shutdown) seals what it holds 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -44,6 +45,11 @@ class Child:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+    def wait_exit(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the process to exit by itself (it may still run after)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout_s)
 
     def check(self) -> None:
         """Raise ChildFailed if the process has exited."""

@@ -224,13 +224,13 @@ class _Life:
                 reply = _status(sock)
                 if reply is not None and reply.done:
                     sock.send(wire.encode(wire.Shutdown(reason="all sessions ended")))
-                    _wait(orchestrator.proc, 30)
+                    orchestrator.wait_exit(30)
                     outcome, why = "finished", "all sessions ended"
                     break
                 held = {} if topology.service.enabled else _only_held(reply)  # a service run may get more
                 if held:  # nothing runs and nothing else will: no idling until the time limit
                     sock.send(wire.encode(wire.Shutdown(reason="only held sessions left")))
-                    _wait(orchestrator.proc, 30)
+                    orchestrator.wait_exit(30)
                     outcome, why = self._held(held)
                     break
                 time.sleep(0.5)
@@ -249,7 +249,7 @@ class _Life:
             else:
                 procs.stop([orchestrator], grace_s=10)
                 for child in running:  # after Shutdown the steps exit on their own
-                    _wait(child.proc, 15)
+                    child.wait_exit(15)
                 procs.stop(running, grace_s=20)
             sock.close(linger=0)
             (run_dir / "rendezvous.json").unlink(missing_ok=True)
@@ -350,9 +350,3 @@ def _only_held(reply: wire.StatusReply | None) -> dict[str, int]:
     left = {state: n for state, n in reply.states.items() if n and state not in FINAL}
     return left if left and set(left) <= set(HELD) else {}
 
-
-def _wait(proc: subprocess.Popen, timeout_s: float) -> None:
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        pass

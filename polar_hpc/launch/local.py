@@ -16,7 +16,6 @@ captured is lost.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +108,7 @@ def _follow(run_dir: Path, endpoint: str, children: list[procs.Child], total: in
                 time.sleep(0.2)
         sock.send(wire.encode(wire.Shutdown(reason="all sessions ended")))
         for child in children[1:]:  # orchestrator and gateway exit on their own; the engine is stopped
-            _wait_exit(child.proc, 30.0)
+            child.wait_exit(30.0)
     finally:
         sock.close()
 
@@ -125,9 +124,3 @@ def _status(sock: zmq.Socket, children: list[procs.Child]) -> wire.StatusReply:
     assert isinstance(reply, wire.StatusReply)
     return reply
 
-
-def _wait_exit(p: subprocess.Popen, timeout_s: float) -> None:
-    try:
-        p.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
