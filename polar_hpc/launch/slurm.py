@@ -116,12 +116,12 @@ def prepare_run(tasks_path: Path | None, topology_path: Path | None, run_dir: Pa
 
 
 def submit(tasks_path: Path | None, topology_path: Path | None, run_dir: Path | None) -> tuple[str, Path]:
-    """Submit the run; a job Slurm refuses leaves no run directory behind (ConfigError)."""
+    """Submit the run; a job Slurm refuses leaves no run directory behind (SubmissionError)."""
     _need_sbatch("submit")
     run_dir, topology = prepare_run(tasks_path, topology_path, run_dir)
     try:
         return _submit_job(run_dir, topology, topology_path), run_dir
-    except ConfigError:
+    except (ConfigError, SubmissionError):  # nothing was submitted: the new folder goes too
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
 
