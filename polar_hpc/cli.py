@@ -7,9 +7,11 @@ with no traceback.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
+
+from polar_hpc.errors import ConfigError, PolarError
 
 app = typer.Typer(
     help="Token-exact RL rollouts of unmodified LLM agent harnesses, on Slurm or locally.",
@@ -32,13 +34,10 @@ _TASKS_HELP = ("Tasks: YAML (one or a list) or JSONL of ours, a Harbor task fold
 def _guard(fn):
     """Run fn(); a PolarError becomes a one-line error and its exit code (2: bad input or a refused
     submission or request; 1: what went wrong at run time: a child that died, a tool that failed)."""
-    from polar_hpc.errors import PolarError
-
     try:
         return fn()
     except PolarError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(e.exit_code) from None
+        _exit(e)
 
 
 @app.command()
@@ -345,14 +344,14 @@ def engine(
     from polar_hpc.engines.scripted import server as scripted
 
     if kind not in kinds.KINDS:
-        _fail(f"engine --kind: unknown kind {kind!r} (known: {', '.join(kinds.KINDS)})")
+        _exit(ConfigError(f"engine --kind: unknown kind {kind!r} (known: {', '.join(kinds.KINDS)})"))
     if run_dir is not None:
         from polar_hpc.engines.step import main
 
         _guard(lambda: main(kind, run_dir))
         return
     if kind != "scripted":
-        _fail(f"engine --kind {kind}: needs --run-dir (it runs as the engine step of a run)")
+        _exit(ConfigError(f"engine --kind {kind}: needs --run-dir (it runs as the engine step of a run)"))
     options = scripted.ScriptedOptions(
         host=host,
         port=port,
@@ -368,6 +367,7 @@ def engine(
     _guard(lambda: scripted.serve(options))
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+def _exit(error: PolarError) -> NoReturn:
+    """End the command: the error's one line on stderr, and its exit code."""
+    typer.echo(f"error: {error}", err=True)
+    raise typer.Exit(error.exit_code) from None
