@@ -99,11 +99,11 @@ class Dashboard:
 
     def _errors(self, request: web.Request) -> dict[str, Any]:
         return {"errors": self.reader.errors.view(), "other": self.reader.errors.other,
-                "chain_breaks": self.reader.chain_breaks.view(20)}
+                "chain_breaks": self.reader.shards.chain_breaks.view(20)}
 
     def _trajectories(self, request: web.Request) -> dict[str, Any]:
         q = request.query
-        return self.reader.query(
+        return self.reader.shards.query(
             task=q.get("task") or None, status=q.get("status") or None,
             min_reward=_number(q, "min_reward", float), max_reward=_number(q, "max_reward", float),
             offset=_number(q, "offset", int) or 0, limit=min(500, _number(q, "limit", int) or 100),
@@ -113,7 +113,7 @@ class Dashboard:
         raw = request.match_info["id"]
         if not raw.isdigit() or len(raw) > 12:
             raise ValueError(f"trajectory id {raw[:40]!r}: expected a row id from /api/trajectories")
-        traj = self.reader.trajectory(int(raw))
+        traj = self.reader.shards.trajectory(int(raw))
         return None if traj is None else tokens.view(traj, self.tokenizer)
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -70,7 +70,7 @@ def test_no_reader_or_writer_follows_a_link_in_the_run_dir(finished_run: Path, t
     if linked_folders:
         assert index.writer_ids(run / "shards") == []
     else:
-        assert overview["trajectories"] == 0 and reader.query()["rows"] == [], overview
+        assert overview["trajectories"] == 0 and reader.shards.query()["rows"] == [], overview
         assert list(iter_trajectories(run)) == []
         assert all(index.read_entries(index.index_path(run / "shards", w)) == [] for w in index.writer_ids(run / "shards"))
         assert not MetricsLog(run).append(overview)  # metrics.jsonl is a link: not appended to

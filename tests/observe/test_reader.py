@@ -66,10 +66,10 @@ def test_finished_run_figures_equal_shards_and_journal(finished_run: Path) -> No
     assert [g["name"] for g in o["gateways"]] == ["local0"]
     reader.poll()  # nothing new: nothing counted twice
     assert reader.overview()["tokens"] == want["tokens"]
-    rows = reader.query(status="completed", min_reward=0.5)
+    rows = reader.shards.query(status="completed", min_reward=0.5)
     assert rows["matched"] == 4 and all(r["reward"] == 1.0 for r in rows["rows"])
-    assert reader.query(task="crash")["rows"][0]["status"] == "error"
-    assert reader.query(limit=10**9)["matched"] == 5 and len(reader.query(limit=10**9)["rows"]) == 5
+    assert reader.shards.query(task="crash")["rows"][0]["status"] == "error"
+    assert reader.shards.query(limit=10**9)["matched"] == 5 and len(reader.shards.query(limit=10**9)["rows"]) == 5
 
 
 def test_shards_show_json_full(finished_run: Path) -> None:
@@ -101,7 +101,7 @@ def test_status_watch_ends_with_a_finished_run(finished_run: Path) -> None:
 def test_live_run_counts_what_has_ended_and_what_runs(live_run: Path) -> None:
     reader = RunReader(live_run)
     reader.poll()
-    o = reader.overview(now=max(reader.result_times) + 1.0)  # just after: the rate's 300 s window holds them
+    o = reader.overview(now=max(reader.sessions.result_times) + 1.0)  # just after: the rate's 300 s window holds them
     assert o["state"] == "running" and (o["done"], o["total"]) == (2, 4)
     assert o["stages"]["RUN"] == 2 and o["trajectories"] == 2
     assert o["sessions_per_s"] > 0 and o["eta_s"] is not None and o["eta_s"] > 0
