@@ -32,10 +32,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from polar_hpc import nofollow, security, wire
+from polar_hpc.launch import accounting
 from polar_hpc.launch.rundir import resolve
 from polar_hpc.launch.slurm import ACTIVE, job_state
 from polar_hpc.observe.run import RunReader
-from polar_hpc.config import load_topology
 from polar_hpc.orchestrator.journal import Progress, progress, read_jsonl
 
 
@@ -72,6 +72,7 @@ def show(target: str, console: Console) -> None:
     if not isinstance(reply, wire.StatusReply):
         for line in story(run_dir, job_id, state):
             console.print(escape(line), soft_wrap=True)
+        console.print(escape(cost(run_dir)), soft_wrap=True)
         return
     table = Table("kind", "name", "host", "up", "load", "detail")
     for m in reply.members:
@@ -87,6 +88,7 @@ def show(target: str, console: Console) -> None:
     url = json.loads(nofollow.read_text(run_dir / "rendezvous.json")).get("metrics_url")
     if url:
         console.print(f"Prometheus: {url} (its bearer token: metrics_token in {run_dir / 'rendezvous.json'})")
+    console.print(escape(cost(run_dir)), soft_wrap=True)
 
 
 def watch_run(target: str, console: Console, every_s: float = 2.0) -> None:
@@ -159,14 +161,24 @@ def waste(run_dir: Path, p: Progress) -> list[str]:
     if p.held:
         lines.append(f"held: {p.held} sessions not started, their timeout_s cannot end before the allocation does")
     if p.cut:
-        topology = load_topology(run_dir / "topology.yaml")
-        gpu = topology.slurm.gpu
-        count = gpu.gres.rpartition(":")[2] if gpu.gres else ""  # --gres=gpu[:type]:N
-        gpus = gpu.nodes * (int(count) if count.isdigit() else gpu.gpus)
-        slots = topology.slurm.cpu.nodes * topology.gateway.pools.run
+        wasted, gpus, slots = accounting.cut_gpu_s(run_dir, p.cut_s)
         lines.append(f"cut by stops: {p.cut} sessions, {p.cut_s:.0f} session-seconds, wasted "
-                     f"{p.cut_s * gpus / max(1, slots):.0f} GPU-seconds ({gpus} GPUs / {slots} session slots)")
+                     f"{wasted:.0f} GPU-seconds ({gpus} GPUs / {slots} session slots)")
     return lines
+
+
+def cost(run_dir: Path) -> str:
+    """The run's cost from Slurm's accounting, in a line, also saved as `<run>/accounting.json`."""
+    try:
+        figures = accounting.account(run_dir)
+    except accounting.AccountingUnavailable as e:
+        return f"cost: not known ({e})"
+    accounting.write(run_dir, figures)
+    each = figures["gpu_hours_per_accepted"]
+    return (f"cost: {figures['gpu_hours']:.3f} GPU-hours, {figures['cpu_hours']:.3f} CPU-hours over "
+            f"{len(figures['lives'])} job lives; {figures['accepted_trajectories']} accepted trajectories"
+            + (f", {each:.4f} GPU-hours each" if each is not None else "")
+            + f"; {figures['trainable_tokens']} trainable tokens (in {run_dir / accounting.ACCOUNTING})")
 
 
 _NOT_STARTED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING")  # no driver runs

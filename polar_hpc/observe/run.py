@@ -9,7 +9,9 @@ unreadable input (`problems`):
   weight versions, stage seconds, and the trajectory browser's rows;
 - `logs` (logs.py): each process's log — errors by kind, last line, when it last changed;
 and `live`, the orchestrator's lines of metrics.jsonl. `driver()` is the driver journal's last
-event (whether the job ended, and why); `overview()` is the figures as one JSON object.
+event (whether the job ended, and why); `accounting()` the run's cost as `polar-hpc status` last
+wrote it from Slurm's accounting (`accounting.json`, launch/accounting.py); `overview()` is the
+figures as one JSON object.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from polar_hpc.observe.sessions import SessionFigures
 from polar_hpc.observe.trajectories import TrajectoryFigures
 
 _RATE_WINDOW_S = 300.0
+ACCOUNTING = "accounting.json"
+_MAX_ACCOUNTING_BYTES = 4 << 20
 
 
 class RunReader:
@@ -64,6 +68,14 @@ class RunReader:
                 return event
         return None
 
+    def accounting(self) -> dict[str, Any] | None:
+        try:
+            with nofollow.fopen(self.run_dir / ACCOUNTING, "rb") as f:
+                figures = json.loads(f.read(_MAX_ACCOUNTING_BYTES))
+        except (OSError, ValueError):
+            return None
+        return figures if isinstance(figures, dict) else None
+
     def overview(self, now: float | None = None) -> dict[str, Any]:
         now = time.time() if now is None else now
         s, t = self.sessions, self.shards
@@ -98,4 +110,5 @@ class RunReader:
             "processes": list(self.logs.processes.values()),
             "errors_total": self.errors.total(),
             "problems": list(self.problems),
+            "accounting": self.accounting(),
         }

@@ -70,6 +70,17 @@ def test_finished_run_page(browser, finished_dashboard: Served, finished_run: Pa
     shown = json.loads(page.text_content("#detail-meta pre") or "")
     assert shown["stderr_tail"].strip() == HOSTILE and shown["exit_code"] == 5
     assert page.evaluate("window.__injected") is None, "the run's text never runs as HTML"
+
+    assert page.inner_text("#cost-text").startswith("not known")  # a local run: no Slurm accounting
+    (finished_run / "accounting.json").write_text(json.dumps({"gpu_hours": 1.5, "cpu_hours": 3.25,
+                                                              "gpu_hours_per_accepted": 0.375}))
+    try:
+        page.reload()
+        page.wait_for_selector("body[data-loaded='1']", timeout=60_000)
+        assert page.inner_text("#cost-text") == ("1.5 GPU-hours, 3.25 CPU-hours; 0.375 GPU-hours per accepted "
+                                                 "trajectory")
+    finally:
+        (finished_run / "accounting.json").unlink()
     page.close()
 
 

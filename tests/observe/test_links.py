@@ -58,6 +58,8 @@ def test_no_reader_or_writer_follows_a_link_in_the_run_dir(finished_run: Path, t
                 *[str(p.relative_to(run)) for p in (run / "logs").glob("*.log")]]
         (run / "journal" / "driver.jsonl").write_text(json.dumps({"event": "end", "outcome": "finished"}) + "\n")
         rels.append("journal/driver.jsonl")
+        (run / "accounting.json").write_text(json.dumps({"gpu_hours": 1.0, "note": SECRET}))
+        rels.append("accounting.json")
     for rel in rels:
         _plant(run, away, rel)
     before = _contents(away)
@@ -71,6 +73,7 @@ def test_no_reader_or_writer_follows_a_link_in_the_run_dir(finished_run: Path, t
         assert index.writer_ids(run / "shards") == []
     else:
         assert overview["trajectories"] == 0 and reader.shards.query()["rows"] == [], overview
+        assert overview["accounting"] is None  # the cost `status` wrote is a link: not read
         assert list(iter_trajectories(run)) == []
         assert all(index.read_entries(index.index_path(run / "shards", w)) == [] for w in index.writer_ids(run / "shards"))
         assert not MetricsLog(run).append(overview)  # metrics.jsonl is a link: not appended to

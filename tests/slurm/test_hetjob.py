@@ -93,6 +93,14 @@ def test_calculator_hetjob(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     final = wait_for("sacct to say COMPLETED", lambda: "COMPLETED" in (o := _polar(slurm, "status", job_id).stdout) and o, 30)
     assert "completed 8" in final and "0 never ended" in final and "finished: all sessions ended" in final, final
     assert "resume" not in final
+    assert "cost: " in final and "over 1 job lives; 8 accepted trajectories" in final, final
+    cost = json.loads((run_dir / "accounting.json").read_text())  # what `status` read from sacct
+    (life,) = cost["lives"]
+    assert (life["job"], life["life"], life["state"]) == (job_id, 0, "COMPLETED") and life["elapsed_s"] > 0
+    # the hetjob's components start and end together: 2 GPUs and 1 CPU on n0, 2 CPUs on n1
+    assert (life["gpu_s"], life["cpu_s"]) == (2 * life["elapsed_s"], 3 * life["elapsed_s"]), life
+    assert cost["gpu_hours"] == pytest.approx(life["gpu_s"] / 3600) and cost["accepted_trajectories"] == 8
+    assert cost["gpu_hours_per_accepted"] == pytest.approx(cost["gpu_hours"] / 8)
     assert (run_dir / "keys").stat().st_mode & 0o777 == 0o700
     assert (run_dir / "keys" / "client.json").stat().st_mode & 0o777 == 0o600
 
@@ -115,6 +123,9 @@ def test_requeue_resumes_from_the_journal(slurm, tmp_path: Path, calculator_dir:
     redone = [e for e in events[resumed_at:] if e["event"] == "assigned"
               and (e["session"].rpartition("#")[0], int(e["session"].rpartition("#")[2].split(".")[0])) in done_before]
     assert not redone, redone
+    wait_for("sacct to say COMPLETED", lambda: "COMPLETED" in _polar(slurm, "status", job_id).stdout, 30)
+    lives = json.loads((run_dir / "accounting.json").read_text())["lives"]  # one per start of the job
+    assert [(x["job"], x["life"], x["state"]) for x in lives] == [(job_id, 0, "REQUEUED"), (job_id, 1, "COMPLETED")]
 
 
 @pytest.mark.timeout(240)  # a restarted step on a loaded machine

@@ -78,6 +78,10 @@ function drawOverview(o) {
   set("tokens", o.tokens); set("trainable", o.trainable_tokens); set("tokens-rate", fmt(o.tokens_per_s, 1));
   set("calls", o.calls); set("chain-breaks", o.chain_breaks); set("requeues", o.requeues);
   set("by-status", pairs(o.by_status)); set("versions", pairs(o.weight_versions));
+  const a = o.accounting;
+  set("cost-text", a && typeof a.gpu_hours === "number" ? fmt(a.gpu_hours, 3) + " GPU-hours, " + fmt(a.cpu_hours, 3) +
+    " CPU-hours; " + (a.gpu_hours_per_accepted == null ? "no accepted trajectory" : fmt(a.gpu_hours_per_accepted, 4) +
+    " GPU-hours per accepted trajectory") : "not known (run `polar-hpc status` for a Slurm run)");
   set("errors-total", o.errors_total);
   table("stages", Object.keys(o.stages), [{cells: Object.values(o.stages)}]);
   table("stage-seconds", ["stage", "n", "mean", "max"], Object.entries(o.stage_seconds).map(([k, v]) =>

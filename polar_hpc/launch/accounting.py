@@ -1,0 +1,126 @@
+"""What a Slurm run cost, from Slurm's own accounting, beside what it produced: `<run>/accounting.json`.
+
+- `lives(job_ids, since)`: every life of each job submitted since `since` (a requeued job has one
+  per start: `sacct --duplicates`; a job id Slurm used before, on a cluster whose ids restarted,
+  is not the run's)
+  as `{"job", "life", "state", "start", "end", "elapsed_s", "gpu_s", "cpu_s"}`, the GPU- and
+  CPU-seconds summed over the hetjob's components: each component's ElapsedRaw times its
+  allocated `gres/gpu` and `cpu` (AllocTRES). A life still running counts up to now (End
+  `Unknown`). One `sacct` call, bounded in time (`TIMEOUT_S`) and output (`MAX_BYTES`); where it
+  fails (no accounting on the cluster) `AccountingUnavailable` says sacct's own words.
+- `cut_gpu_s(run_dir, cut_s)`: GPU-seconds of session time a stop cut short, as the run's GPUs per
+  session slot (the share of the engines each slot had) times those seconds.
+- `account(run_dir)`: the jobs the run's driver journal names (its `start` events), their lives
+  since the run was made (its `topology.yaml`),
+  and the run's products as `RunReader` reads them (accepted trajectories, trainable tokens),
+  with GPU-hours and CPU-hours per accepted trajectory and the GPU-seconds known wasted (`cut` by
+  stops; engines' idle time is not measured). `write(run_dir, figures)` saves it in one rename,
+  never through a link; the dashboard shows it (`RunReader.accounting`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from polar_hpc import nofollow
+from polar_hpc.config import load_topology
+from polar_hpc.errors import ToolFailed
+from polar_hpc.observe.run import ACCOUNTING, RunReader
+from polar_hpc.orchestrator.journal import progress, read_jsonl
+
+TIMEOUT_S = 30.0
+MAX_BYTES = 4 << 20
+_FIELDS = "JobID,State,Start,End,Submit,ElapsedRaw,AllocTRES"
+
+
+class AccountingUnavailable(ToolFailed):
+    """sacct could not tell (no accounting storage, no such job, sacct missing)."""
+
+
+def lives(job_ids: list[str], since: float, sacct: str = "sacct") -> list[dict[str, Any]]:
+    if not job_ids:
+        return []
+    after = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))  # sacct reads and writes local time
+    try:
+        out = subprocess.run([sacct, "-n", "-P", "-X", "--duplicates", "-S", after, "-j", ",".join(job_ids),
+                              "-o", _FIELDS], capture_output=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise AccountingUnavailable(f"sacct did not answer: {e}") from None
+    if out.returncode != 0:
+        raise AccountingUnavailable(f"sacct: {out.stderr[:500].decode(errors='replace').strip()}")
+    found: dict[tuple[str, str], dict[str, Any]] = {}  # (job, submit) -> life: one per start of the job
+    for line in out.stdout[:MAX_BYTES].decode(errors="replace").splitlines():
+        row = line.split("|")
+        if len(row) != 7:
+            continue
+        job_id, state, start, end, submit, elapsed, tres = row
+        job = job_id.partition("+")[0]
+        if job not in job_ids or not elapsed.isdigit() or submit < after:
+            continue
+        seconds = int(elapsed)
+        alloc = _tres(tres)
+        life = found.setdefault((job, submit), {"job": job, "state": state.split(" ")[0], "start": start,
+                                                "end": end, "elapsed_s": 0, "gpu_s": 0, "cpu_s": 0})
+        life["elapsed_s"] = max(life["elapsed_s"], seconds)
+        life["gpu_s"] += seconds * alloc.get("gres/gpu", 0)
+        life["cpu_s"] += seconds * alloc.get("cpu", 0)
+    ordered = sorted(found.values(), key=lambda life: (job_ids.index(life["job"]), life["start"]))
+    for n, life in enumerate(ordered):
+        life["life"] = sum(1 for x in ordered[:n] if x["job"] == life["job"])
+    return ordered
+
+
+def _tres(text: str) -> dict[str, int]:
+    """AllocTRES `billing=1,cpu=2,gres/gpu=2,node=1` as counts (memory and other units left out)."""
+    counts = {}
+    for item in text.split(","):
+        name, _, value = item.partition("=")
+        if value.isdigit():
+            counts[name] = int(value)
+    return counts
+
+
+def cut_gpu_s(run_dir: Path, cut_s: float) -> tuple[float, int, int]:
+    """(GPU-seconds, GPUs, session slots) of `cut_s` session-seconds cut short by stops."""
+    topology = load_topology(run_dir / "topology.yaml")
+    gpu = topology.slurm.gpu
+    count = gpu.gres.rpartition(":")[2] if gpu.gres else ""  # --gres=gpu[:type]:N
+    gpus = gpu.nodes * (int(count) if count.isdigit() else gpu.gpus)
+    slots = topology.slurm.cpu.nodes * topology.gateway.pools.run
+    return cut_s * gpus / max(1, slots), gpus, slots
+
+
+def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
+    jobs = list(dict.fromkeys(str(e["job"]) for e in read_jsonl(run_dir / "journal" / "driver.jsonl")
+                              if e.get("event") == "start" and e.get("job")))
+    if not jobs:
+        raise AccountingUnavailable("no Slurm job has started for this run")
+    found = lives(jobs, (run_dir / "topology.yaml").stat().st_mtime - 1, sacct)
+    reader = RunReader(run_dir)
+    reader.poll()
+    o = reader.overview()
+    p = progress(run_dir)
+    gpu_h = sum(life["gpu_s"] for life in found) / 3600
+    cpu_h = sum(life["cpu_s"] for life in found) / 3600
+    accepted = o["trajectories"]
+    return {
+        "t": time.time(), "jobs": jobs, "lives": found,
+        "gpu_hours": gpu_h, "cpu_hours": cpu_h,
+        "accepted_trajectories": accepted, "trainable_tokens": o["trainable_tokens"], "tokens": o["tokens"],
+        "gpu_hours_per_accepted": gpu_h / accepted if accepted else None,
+        "cpu_hours_per_accepted": cpu_h / accepted if accepted else None,
+        "wasted_gpu_s": {"cut_by_stops": cut_gpu_s(run_dir, p.cut_s)[0] if p.cut else 0.0},
+    }
+
+
+def write(run_dir: Path, figures: dict[str, Any]) -> Path:
+    temp = run_dir / f".{ACCOUNTING}.tmp"
+    with nofollow.fopen(temp, "w") as f:
+        json.dump(figures, f, indent=1)
+    os.replace(temp, run_dir / ACCOUNTING)
+    return run_dir / ACCOUNTING
