@@ -4,7 +4,8 @@
 exits with its code) records the job (`rundir.record_job`), starts the orchestrator on this node,
 then one `srun --het-group=0 --overlap` engine step per GPU node and one `srun --het-group=1`
 gateway step per CPU node (CUDA_VISIBLE_DEVICES and GPU_DEVICE_ORDINAL removed from their
-environment). A step that exits is restarted after a backoff (1, 2, 4… s, at most
+environment), all watched by the run's supervisor (`launch/supervise.py`, as `polar-hpc run`'s
+processes are). A step that exits is restarted after a backoff (1, 2, 4… s, at most
 `slurm.step_restarts` times); meanwhile the orchestrator requeues its sessions on the other
 gateways. When every session has ended it shuts the run down and returns 0. Every other end
 returns 1, so Slurm records the job FAILED, never COMPLETED: every engine step (or every gateway
@@ -34,6 +35,7 @@ reads it to say what happened. The stale `rendezvous.json` is removed.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -42,7 +44,6 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -51,22 +52,12 @@ import zmq
 from polar_hpc import procs, security, wire
 from polar_hpc.config import load_topology
 from polar_hpc.launch.rundir import record_job
+from polar_hpc.launch.supervise import Supervisor
 from polar_hpc.orchestrator.journal import progress
 from polar_hpc.orchestrator.sessions import ADMIT_UNTIL_ENV, FINAL, HELD, LIFE_ENV
 
 KILL_WAIT_DEFAULT_S = 30.0  # Slurm's default KillWait
 _GPU_ENV = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
-
-
-@dataclass
-class _Step:
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log: Path
-    child: procs.Child | None = None
-    restarts: int = 0
-    due: float = 0.0  # when to (re)start it
 
 
 def nodes(group: int) -> list[str]:
@@ -200,24 +191,25 @@ class _Life:
         (run_dir / "rendezvous.json").unlink(missing_ok=True)  # a previous life's endpoint
         host = socket.gethostname()
         args = ["orchestrator", "--run-dir", str(run_dir), "--host", "0.0.0.0", "--advertise", host]
-        orchestrator = procs.spawn("orchestrator", args + ["--port", str(topology.slurm.port)],
-                                   run_dir / "logs" / "orchestrator.log")
-        steps: list[_Step] = []
+        args += ["--port", str(topology.slurm.port)]
+        sup = Supervisor(say=lambda line: print(line, flush=True))
+        orchestrator = sup.add("orchestrator", lambda: procs.spawn("orchestrator", args,
+                                                                   run_dir / "logs" / "orchestrator.log"))
         sock = zmq.Context.instance().socket(zmq.DEALER)
-        outcome, why = "", ""
+        outcome, why, shut_down = "", "", False
         try:
             endpoint = procs.wait_ready(orchestrator, run_dir / "rendezvous.json")["endpoint"]
             print(f"orchestrator at {endpoint}; restart {restart}; stop budget {self.budget_s:g}s", flush=True)
-            steps = _steps(run_dir, topology, endpoint)
+            _start_steps(sup, run_dir, topology, endpoint)
             security.secure_client(sock, run_dir, security.ADMIN)
             sock.connect(endpoint)
             while not signals:
-                if orchestrator.proc.poll() is not None:
+                sup.poll()
+                if sup.given_up("orchestrator"):
                     outcome, why = _orchestrator_exit(run_dir, orchestrator.proc.returncode, started)
                     break
-                _supervise(steps, topology.slurm.step_restarts)
                 for kind in ("engine", "gateway"):
-                    if all(s.due == float("inf") for s in steps if s.name.startswith(kind)):
+                    if sup.given_up(kind):
                         outcome, why = "gave_up", f"every {kind} step failed {topology.slurm.step_restarts + 1} times"
                 if outcome:
                     break
@@ -225,13 +217,13 @@ class _Life:
                 if reply is not None and reply.done:
                     sock.send(wire.encode(wire.Shutdown(reason="all sessions ended")))
                     orchestrator.wait_exit(30)
-                    outcome, why = "finished", "all sessions ended"
+                    outcome, why, shut_down = "finished", "all sessions ended", True
                     break
                 held = {} if topology.service.enabled else _only_held(reply)  # a service run may get more
                 if held:  # nothing runs and nothing else will: no idling until the time limit
                     sock.send(wire.encode(wire.Shutdown(reason="only held sessions left")))
                     orchestrator.wait_exit(30)
-                    outcome, why = self._held(held)
+                    (outcome, why), shut_down = self._held(held), True
                     break
                 time.sleep(0.5)
             if not outcome:  # a signal
@@ -242,15 +234,11 @@ class _Life:
                 print(f"{why}: {'giving up' if outcome == 'gave_up' else 'stopping'} ({outcome}); "
                       "a next life of the job resumes from the journal", flush=True)
         finally:
-            running = [s.child for s in steps if s.child is not None]
             if signals:  # everyone at once, within the budget: nobody waits for another to go first
                 self.signalled()
-                procs.stop([orchestrator, *running], grace_s=self.budget_s)
-            else:
-                procs.stop([orchestrator], grace_s=10)
-                for child in running:  # after Shutdown the steps exit on their own
-                    child.wait_exit(15)
-                procs.stop(running, grace_s=20)
+                sup.stop(grace_s=self.budget_s)
+            else:  # after a Shutdown the steps exit on their own
+                sup.stop(grace_s=20, wait_s=15 if shut_down else 0)
             sock.close(linger=0)
             (run_dir / "rendezvous.json").unlink(missing_ok=True)
 
@@ -287,7 +275,6 @@ class _Life:
 
 def _orchestrator_exit(run_dir: Path, returncode: int, started: float) -> tuple[str, str]:
     """Why the orchestrator exited on its own: the run is done, a client stopped it, or it died."""
-    print(f"orchestrator exited with code {returncode}", flush=True)
     p = progress(run_dir)
     if p.left == 0:
         return "finished", "all sessions ended"
@@ -301,38 +288,23 @@ def _record(run_dir: Path, event: str, **fields) -> None:
         f.write(json.dumps({"t": round(time.time(), 3), "event": event, **fields}) + "\n")
 
 
-def _steps(run_dir: Path, topology, endpoint: str) -> list[_Step]:
+def _start_steps(sup: Supervisor, run_dir: Path, topology, endpoint: str) -> None:
+    """One engine step per GPU node, one gateway step per CPU node, each restarted up to
+    `slurm.step_restarts` times."""
     polar = [sys.executable, "-m", "polar_hpc"]
     one = ["--nodes=1", "--ntasks=1"]
+    cpu_env = {k: v for k, v in os.environ.items() if k not in _GPU_ENV}
     steps = []
     for node in nodes(0):
         argv = ["srun", "--het-group=0", "--overlap", *one, f"--nodelist={node}", f"--cpus-per-task={topology.slurm.gpu.cpus}"]
         argv += polar + ["engine", "--kind", topology.engine.kind, "--run-dir", str(run_dir)]
-        steps.append(_Step(f"engine-{node}", argv, dict(os.environ), run_dir / "logs" / f"step-engine-{node}.log"))
-    cpu_env = {k: v for k, v in os.environ.items() if k not in _GPU_ENV}
+        steps.append((f"engine-{node}", argv, dict(os.environ), run_dir / "logs" / f"step-engine-{node}.log"))
     for node in nodes(1):
         argv = ["srun", "--het-group=1", *one, f"--nodelist={node}", f"--cpus-per-task={topology.slurm.cpu.cpus}"]
         argv += polar + ["gateway", "--run-dir", str(run_dir), "--orchestrator", endpoint, "--gateway-id", f"gw-{node}"]
-        steps.append(_Step(f"gateway-{node}", argv, cpu_env, run_dir / "logs" / f"step-gateway-{node}.log"))
-    return steps
-
-
-def _supervise(steps: list[_Step], max_restarts: int) -> None:
-    now = time.monotonic()
-    for step in steps:
-        if step.child is not None and step.child.proc.poll() is not None:
-            rc = step.child.proc.returncode
-            step.child = None
-            if step.restarts >= max_restarts:
-                print(f"{step.name} exited with code {rc}; not restarted ({max_restarts} restarts used)", flush=True)
-                step.due = float("inf")
-                continue
-            delay = min(30.0, 2.0 ** step.restarts)
-            step.restarts += 1
-            step.due = now + delay
-            print(f"{step.name} exited with code {rc}; restart {step.restarts} in {delay:.0f}s", flush=True)
-        if step.child is None and now >= step.due:
-            step.child = procs.spawn_command(step.name, step.argv, step.log, step.env)
+        steps.append((f"gateway-{node}", argv, cpu_env, run_dir / "logs" / f"step-gateway-{node}.log"))
+    for name, argv, env, log in steps:
+        sup.add(name, functools.partial(procs.spawn_command, name, argv, log, env), restarts=topology.slurm.step_restarts)
 
 
 def _status(sock: zmq.Socket) -> wire.StatusReply | None:

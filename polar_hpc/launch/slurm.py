@@ -1,15 +1,18 @@
 """`polar-hpc submit` / `sbatch`: one Slurm heterogeneous job per run, through submitit.
 
 Component 0 = `slurm.gpu` nodes (engine steps), component 1 = `slurm.cpu` nodes (gateway steps);
-the driver (`launch/driver.py`) runs in component 0's batch step. `HetSlurmExecutor` is a
-submitit `SlurmExecutor` that writes the `#SBATCH hetjob` block after component 0's options and
-`exec`s the driver so the batch shell *is* the driver (the `B:USR2@signal_s` signal reaches it);
-of the job submitit returns only its id is used. `render_sbatch` gives the same job as a plain sbatch script (slurm/ template)
-for teams that submit by hand. `submit` prepares the run directory (0700) with per-run CURVE keys,
-submits, records `<run>/job.json` and an index entry so `status JOBID` finds the run. `resume`
-submits a new job for a run whose job has ended before its sessions did (refused while a job of
-the run is still queued or running); it continues from the journal. `job_state` is Slurm's word
-on a job: squeue while it is queued, else sacct (state, exit code; a hetjob's is its `ID+0` row's).
+the driver (`launch/driver.py`) runs in component 0's batch step. `script` is the one renderer
+of the job's sbatch script (template `slurm/hetjob.sbatch.j2`: component 0's `#SBATCH` lines and
+`slurm.extra_sbatch`, the `#SBATCH hetjob` block, the command, `exec`ed so the batch shell *is* the
+driver and the `B:USR2@signal_s` signal reaches it). `HetSlurmExecutor` is a submitit
+`SlurmExecutor` that submits that script with submitit's command (which unpickles and calls
+`driver.job_main`); of the job submitit returns only its id is used. `render_sbatch` gives the
+same script with the driver's own command line, for teams that submit by hand. `submit`
+prepares the run directory (0700) with per-run CURVE keys, submits, records `<run>/job.json` and
+an index entry so `status JOBID` finds the run. `resume` submits a new job for a run whose job has
+ended before its sessions did (refused while a job of the run is still queued or running); it
+continues from the journal. `job_state` is Slurm's word on a job: squeue while it is queued, else
+sacct (state, exit code; a hetjob's is its `ID+0` row's).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import sys
 from pathlib import Path
 
 import jinja2
-from submitit.core.utils import FailedJobError
+from submitit.core.utils import FailedJobError, JobPaths
 from submitit.slurm.slurm import SlurmExecutor
 
 from polar_hpc import assets, security
@@ -37,18 +40,15 @@ ACTIVE = ("PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONF
 
 
 class HetSlurmExecutor(SlurmExecutor):
-    def __init__(self, folder: Path, later_components: list[dict]) -> None:
+    """submitit's SlurmExecutor, submitting the run's own script (`script`) with submitit's command."""
+
+    def __init__(self, folder: Path, topology: Topology) -> None:
         super().__init__(folder=folder)
-        self.later_components = later_components
+        self.topology = topology
 
     def _make_submission_file_text(self, command: str, uid: str) -> str:
-        lines = super()._make_submission_file_text(command, uid).split("\n")
-        last = max(i for i, line in enumerate(lines) if line.startswith("#SBATCH"))
-        extra = []
-        for flags in self.later_components:
-            extra += ["#SBATCH hetjob", *sbatch_lines(flags)]
-        lines = lines[: last + 1] + extra + lines[last + 1 :]
-        return "\n".join(f"exec {line}" if line == command else line for line in lines)
+        output = str(JobPaths(self.folder).stdout).replace("%t", "0")  # where submitit looks for it
+        return script(self.topology, output, ["export SUBMITIT_EXECUTOR=slurm", f"exec {command}"])
 
 
 def component_flags(comp: SlurmComponent, slurm: SlurmConfig, job_wide: bool) -> dict[str, str | bool]:
@@ -76,37 +76,28 @@ def sbatch_lines(flags: dict[str, str | bool]) -> list[str]:
     return lines
 
 
-def _executor(run_dir: Path, topology: Topology) -> HetSlurmExecutor:
+def script(topology: Topology, output: str, command: list[str]) -> str:
+    """The job's sbatch script, the one renderer (template `slurm/hetjob.sbatch.j2`): both
+    components' `#SBATCH` lines, `slurm.extra_sbatch` with component 0's, then `command`."""
     slurm = topology.slurm
-    ex = HetSlurmExecutor(run_dir / "slurm", [component_flags(slurm.cpu, slurm, False)])
-    flags0 = component_flags(slurm.gpu, slurm, True)
-    job_name = flags0.pop("job_name")
-    ex.update_parameters(use_srun=False, stderr_to_stdout=True, job_name=job_name, wckey=None,
-                         additional_parameters=flags0)  # no wckey: submitit's default fails where wckeys are enforced
-    if slurm.extra_sbatch:
-        ex.update_parameters(setup=[f"#SBATCH {x}" for x in slurm.extra_sbatch])
-    return ex
+    first = component_flags(slurm.gpu, slurm, True) | {"output": output, "open_mode": "append"}
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined)
+    return env.get_template("hetjob.sbatch.j2").render(
+        components=[sbatch_lines(first), sbatch_lines(component_flags(slurm.cpu, slurm, False))],
+        extra=slurm.extra_sbatch, command=command)
 
 
 def dry_run(topology: Topology, run_dir: Path) -> str:
     """The sbatch script `submit` would hand to Slurm (nothing is written)."""
-    ex = _executor(run_dir, topology)
+    ex = HetSlurmExecutor(run_dir / "slurm", topology)
     return ex._make_submission_file_text(ex._submitit_command_str, "dry-run")
 
 
 def render_sbatch(topology: Topology, run_dir: Path) -> str:
-    """The same job as a self-contained sbatch script (template `slurm/hetjob.sbatch.j2`)."""
-    slurm = topology.slurm
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
-                             undefined=jinja2.StrictUndefined)
-    return env.get_template("hetjob.sbatch.j2").render(
-        components=[sbatch_lines(component_flags(slurm.gpu, slurm, True)),
-                    sbatch_lines(component_flags(slurm.cpu, slurm, False))],
-        extra=slurm.extra_sbatch,
-        output=str(run_dir / "logs" / "slurm-%j.out"),
-        python=shlex.quote(sys.executable),
-        run_dir=shlex.quote(str(run_dir)),
-    )
+    """The same script for submitting by hand: its command runs the driver, its output goes to logs/."""
+    driver = f"exec {shlex.quote(sys.executable)} -m polar_hpc driver --run-dir {shlex.quote(str(run_dir))}"
+    return script(topology, str(run_dir / "logs" / "slurm-%j.out"), [driver])
 
 
 def prepare_run(tasks_path: Path | None, topology_path: Path | None, run_dir: Path | None) -> tuple[Path, Topology]:
@@ -148,7 +139,7 @@ def _need_sbatch(command: str) -> None:
 
 def _submit_job(run_dir: Path, topology: Topology, source: Path | None) -> str:
     try:
-        job = _executor(run_dir, topology).submit(job_main, run_dir)
+        job = HetSlurmExecutor(run_dir / "slurm", topology).submit(job_main, run_dir)
     except (FailedJobError, OSError) as e:
         raise SubmissionError(f"{source}: sbatch refused the job: {_last_line(str(e))}") from None
     record_job(job.job_id, run_dir)
