@@ -3,7 +3,8 @@
 - `parse(raw) -> (body, Call)`: `BadRequest` unless the body is a JSON object with a non-empty
   `messages` array of text, well-typed limits and controls, and only the fields `fields.CHAT`
   honours or lets pass; `tool_choice`, `parallel_tool_calls` and `response_format` in the `Call`'s
-  own form (`constraints`). `top_logprobs(body)` reads OpenAI's `top_logprobs`.
+  own form (`constraints`), `reasoning_effort` a `Reasoning`. `top_logprobs(body)` reads OpenAI's `top_logprobs`;
+  `logprob_entries(outcome)` is the reply's tokens' logprobs in OpenAI's shape.
 - `response(outcome, body, model)`: the `chat.completion` object (logprobs, with the engine's top
   alternatives, only when asked; one choice per sample when n > 1, `Outcome.choices`).
 - `Events(call, body, model)`: the same answer as `chat.completion.chunk` events while it is
@@ -22,7 +23,7 @@ from typing import Any
 from polar_hpc.proxy import fields
 from polar_hpc.proxy.calls import (
     BadRequest, Call, Outcome, StreamEvents, ToolCall, array, assistant_message, check_messages,
-    controls, decode_object, number, sse, stops, usage,
+    controls, decode_object, effort, number, sse, stops, usage,
 )
 
 API = "openai_chat"
@@ -75,6 +76,7 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         sampling=controls(body), tool_choice=_tool_choice(body.get("tool_choice")),
         one_call=body.get("parallel_tool_calls") is False,
         response_format=_response_format(body.get("response_format")), n=n, chat_body=body,
+        reasoning=effort(body.get("reasoning_effort"), "reasoning_effort"),
     )
     return body, call
 
@@ -120,14 +122,19 @@ def _usage(outcome: Outcome) -> dict[str, Any]:
             "total_tokens": prompt + sampled, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _logprobs(outcome: Outcome) -> dict[str, Any]:
+def logprob_entries(outcome: Outcome) -> list[dict[str, Any]]:
+    """Each sampled token's `{token, logprob, bytes, top_logprobs}`, as OpenAI's APIs give them."""
     texts = outcome.token_texts or [""] * len(outcome.output_ids)
     tops = outcome.top_logprobs or [[]] * len(texts)
-    return {"content": [
+    return [
         {"token": t, "logprob": lp, "bytes": list(t.encode()),
          "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in top]}
         for t, lp, top in zip(texts, outcome.output_logprobs, tops)
-    ]}
+    ]
+
+
+def _logprobs(outcome: Outcome) -> dict[str, Any]:
+    return {"content": logprob_entries(outcome)}
 
 
 def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -> dict[str, Any]:
