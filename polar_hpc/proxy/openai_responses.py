@@ -212,7 +212,7 @@ def _function_item(call: ToolCall, namespaced: set[str]) -> dict[str, Any]:
 
 def _logprobs(outcome: Outcome, body: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The reply's tokens' logprobs as the `output_text` part carries them, when asked."""
-    return logprob_entries(outcome) if _logprobs_asked(body) else None
+    return logprob_entries(outcome, top_logprobs(body)) if _logprobs_asked(body) else None
 
 
 def _event_logprobs(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
