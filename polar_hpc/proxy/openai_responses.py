@@ -3,12 +3,15 @@
 - `parse(raw) -> (body, Call)`: `instructions` and `input` (a string, or message /
   `function_call` / `function_call_output` items of text; `reasoning` items are skipped) become
   Chat messages, an assistant message and the function calls after it one assistant turn;
-  `function` tools become Chat tools (other tool types are refused); `tool_choice`,
-  `parallel_tool_calls` and `text.format` in the `Call`'s form. Fields `fields.RESPONSES` refuses
+  `function` tools become Chat tools, those of a `namespace` group named `NAMESPACE.NAME` (other
+  tool types are refused); `tool_choice`, `parallel_tool_calls`, `text.format` and
+  `reasoning.effort` in the `Call`'s form; `top_logprobs` and `include` of
+  `message.output_text.logprobs` ask for the reply's logprobs. Fields `fields.RESPONSES` refuses
   (`previous_response_id` among them: harnesses re-send their history, `store: false` as Codex
   does) or does not know are a BadRequest.
 - `response(outcome, body, model, call_id)`: the `response` object (a `message` output item with
-  `output_text`, one `function_call` item per call, usage; `incomplete` on max_output_tokens).
+  `output_text`, its `logprobs` when asked; one `function_call` item per call, with its `namespace`
+  when it is a namespaced tool's; usage; `incomplete` on max_output_tokens).
 - `Events` (a `StreamEvents`): `response.created` / `in_progress`, `output_text.delta` as tokens
   arrive, the message's `*.done` events once it ends, each function call as soon as it is complete
   as `output_item.added` / `function_call_arguments.delta` / `.done` / `output_item.done`, then

@@ -24,7 +24,7 @@ def test_thinking_disabled_reaches_the_template_and_effort_levels_are_refused(vl
     tokenizer = Tokenizer.from_file(str(vllm.folder / "tokenizer.json"))
     claude = anthropic.Anthropic(base_url=proxy.url, api_key="tok", max_retries=0, timeout=300)
     claude.messages.create(model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "Hi"}],
-                           thinking={"type": "disabled"}, temperature=0)
+                           thinking={"type": "disabled"})
     record = proxy.gateway.expect(wire.CallRecord, timeout=120)
     assert record.meta["template_kwargs"] == {"enable_thinking": False}
     assert tokenizer.decode(record.prompt_ids, skip_special_tokens=False).endswith(EMPTY_THINKING)
