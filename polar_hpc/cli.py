@@ -103,7 +103,7 @@ def proxy(
     peer_timeout_s: float = typer.Option(10.0, help="Exit when the gateway is silent this long."),
     unix_socket: Optional[Path] = typer.Option(None, help="Also serve HTTP on this Unix socket path."),
     mode: str = typer.Option("tito", help="Capture mode: tito (the proxy renders, /generate) or passthrough."),
-    tokenizer: Optional[str] = typer.Option(None, help="tito: model folder with the tokenizer (default: the engine's)."),
+    tokenizer: Optional[str] = typer.Option(None, help="Model folder (tito; passthrough: its template)."),
     tool_parser: str = typer.Option("auto", help="tito: tool-call format: auto, hermes or qwen3_coder."),
     strict_model: bool = typer.Option(False, help="Refuse (404) requests naming another model."),
     max_body_mb: float = typer.Option(32, min=0.001, help="Larger request bodies get 413."),

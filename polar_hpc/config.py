@@ -85,7 +85,7 @@ class GatewayConfig(_Model):
 class ProxyConfig(_Model):
     mode: Literal["tito", "passthrough"] = "tito"  # tito: the proxy renders; passthrough: the engine
     port: int = Field(0, ge=0, le=65535)
-    tokenizer: str | None = None  # tito: model folder (default: the engine's tokenizer_path)
+    tokenizer: str | None = None  # model folder (tito; passthrough: its chat template) (default: the engine's)
     tool_parser: Literal["auto", "hermes", "qwen3_coder"] = "auto"
     strict_model: bool = False  # refuse requests naming another model (default: serve ours)
     max_body_mb: float = Field(32, gt=0, le=1 << 20)  # larger request bodies get 413

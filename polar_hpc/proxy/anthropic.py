@@ -4,7 +4,7 @@
   or `text` / `tool_use` / `tool_result` blocks; `thinking` blocks are skipped) become Chat
   messages (a user turn's tool results become `tool` messages; a `system` turn, as Claude Code
   sends mid-conversation, stays a system message); custom `tools` become Chat tools (server tools
-  are refused), `tool_choice` and `output_config.format` the `Call`'s own form; image and document
+  are refused), `tool_choice`, `output_config.format` and `thinking` the `Call`'s own form; image and document
   blocks, and fields `fields.ANTHROPIC` refuses or does not know, are a BadRequest; `max_tokens` is
   required, as Anthropic requires it.
 - `response(outcome, body, model, call_id)`: the `message` object (`text` and `tool_use` blocks,
@@ -23,8 +23,8 @@ from typing import Any
 
 from polar_hpc.proxy import fields
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, controls, decode_object, not_text, number, sse,
-    stops, text_of, usage,
+    BadRequest, Call, Outcome, Reasoning, StreamEvents, ToolCall, array, controls, decode_object, not_text,
+    number, sse, stops, text_of, usage,
 )
 from polar_hpc.proxy.openai_chat import token as bearer
 
@@ -77,6 +77,7 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         stop=stops(body, "stop_sequences"), temperature=number(body, "temperature"),
         top_p=number(body, "top_p"), stream=bool(body.get("stream")), sampling=controls(body),
         tool_choice=choice, one_call=one_call, response_format=_output_format(body.get("output_config")),
+        reasoning=_thinking(body.get("thinking"), max_tokens),
     )
     return body, call
 
@@ -94,6 +95,29 @@ def _tool_choice(value: Any) -> tuple[str | dict[str, str], bool]:
     if kind == "tool" and isinstance(value.get("name"), str):
         return {"name": value["name"]}, one
     raise BadRequest("tool_choice: must be {type: auto | any | none} or {type: tool, name}", "tool_choice")
+
+
+def _thinking(value: Any, max_tokens: int) -> Reasoning | None:
+    """`thinking` in the Call's form: `enabled` (with `budget_tokens`, at least 1024 and under
+    `max_tokens`, as Anthropic requires) or `disabled`; `adaptive` (the model decides) asks nothing.
+    `display` may be `omitted` only: no thinking blocks are returned."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    keys = {"type", "budget_tokens", "display"} if kind == "enabled" else {"type", "display"}
+    if kind not in ("enabled", "disabled", "adaptive") or set(value) - keys \
+            or value.get("display") not in (None, "omitted") or kind == "disabled" and "display" in value:
+        raise BadRequest("thinking: must be {type: enabled, budget_tokens}, {type: disabled} or {type: adaptive}, "
+                         "with no display but omitted (no thinking blocks are returned)", "thinking")
+    if kind == "adaptive":
+        return None
+    if kind == "disabled":
+        return Reasoning("thinking", think=False)
+    budget = value.get("budget_tokens")
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 1024 <= budget < max_tokens:
+        raise BadRequest("thinking.budget_tokens: must be an integer of at least 1024 and less than max_tokens",
+                         "thinking.budget_tokens")
+    return Reasoning("thinking", think=True, budget=budget)
 
 
 def _output_format(config: Any) -> dict[str, Any] | None:

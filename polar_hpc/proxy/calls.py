@@ -2,19 +2,19 @@
 
 An API adapter (`openai_chat`, `openai_responses`, `anthropic`) turns the harness's body into a
 `Call`: the conversation as OpenAI Chat messages and tools (the lingua franca of chat templates),
-sampling limits, and whether to stream. A capture mode (`tito`, `passthrough`) answers a `Call`
-with text deltas as they are sampled and, last, one `Outcome`: the reply (content, tool calls,
-finish reason) and what was captured (prompt ids, sampled ids, logprobs, weight version, engine,
-and `meta`: the rid, chain and retry notes). `BadRequest` is the harness's fault (HTTP 400).
-`assistant_message(outcome)` is the reply as an OpenAI Chat assistant message, and
+sampling limits, reasoning settings (a `Reasoning`), and whether to stream. A capture mode
+(`tito`, `passthrough`) answers a `Call` with text deltas as they are sampled and, last, one
+`Outcome`: the reply (content, tool calls, finish reason) and what was captured (prompt ids,
+sampled ids, logprobs, weight version, engine, and `meta`: the rid, chain and retry notes).
+`BadRequest` is the harness's fault (HTTP 400). `assistant_message(outcome)` is the reply as an OpenAI Chat assistant message, and
 `message_key(message)` is what a re-sent history must match, as a hashable tuple (ids and
 formatting of JSON arguments ignored). `StreamEvents` is the base of each API's streamed answer
 (`delta(piece)`: a piece of content or, once complete, a tool call). `sse(data, event)` is one
 Server-Sent Event;
 `usage(outcome)` the token counts; `number(body, key, kind)`, `stops(body, key)`,
-`controls(body)` (seed, top_k, min_p, penalties, logit_bias) and `array(body, key)` read optional
-fields or raise BadRequest naming them; `text_of` is a content's text, any other part (an image,
-`not_text` says why) a BadRequest; `decode_object(raw)`
+`controls(body)` (seed, top_k, min_p, penalties, logit_bias), `effort(value, field)` (a reasoning
+effort level) and `array(body, key)` read optional fields or raise BadRequest naming them;
+`text_of` is a content's text, any other part (an image, `not_text` says why) a BadRequest; `decode_object(raw)`
 is the body as a JSON object, anything else (not UTF-8, not JSON, nested too deep) a BadRequest;
 `check_messages(messages)` refuses Chat messages of the wrong shape, naming the field. `new_id()`
 is a fresh 32-hex-digit id (this process's random prefix and a counter: uuid4's uniqueness
@@ -66,6 +66,19 @@ def new_id() -> str:
     return f"{_ID_PREFIX}{next(_ids):016x}"
 
 
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")  # OpenAI's reasoning effort levels
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """A call's reasoning settings (`reasoning.template_kwargs` passes them to the chat template)."""
+
+    field: str  # the harness's field, named in errors: reasoning_effort | reasoning.effort | thinking
+    effort: str | None = None  # one of EFFORTS
+    think: bool | None = None  # thinking on (with `budget`) or off
+    budget: int | None = None  # tokens of thinking, with think=True
+
+
 @dataclass
 class Call:
     messages: list[dict[str, Any]]
@@ -82,6 +95,7 @@ class Call:
     one_call: bool = False  # parallel tool calls off: the harness gets the first call only
     response_format: dict[str, Any] | None = None  # {"type": "json_object" | "json_schema", "schema"?}
     n: int = 1  # choices asked (Chat): each a sample of its own
+    reasoning: Reasoning | None = None  # reasoning settings asked, for the chat template
     id: str = field(default_factory=new_id)  # the engine rid, in tito mode
     chat_body: dict[str, Any] | None = None  # openai_chat only: the harness's own body
     size: int = 0  # bytes of the harness's body: over BIG, the call's work is offloaded
@@ -267,6 +281,15 @@ def controls(body: dict[str, Any]) -> dict[str, Any]:
         if bias:
             out["logit_bias"] = bias
     return out
+
+
+def effort(value: Any, field: str) -> Reasoning | None:
+    """An OpenAI reasoning effort level (None: not asked), or BadRequest naming `field`."""
+    if value is None:
+        return None
+    if value not in EFFORTS:
+        raise BadRequest(f"{field!r} must be one of {', '.join(EFFORTS)}", field)
+    return Reasoning(field, effort=value)
 
 
 def decode_object(raw: bytes) -> dict[str, Any]:

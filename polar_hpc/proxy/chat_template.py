@@ -9,11 +9,13 @@ ValueError), the chat template(s) (`chat_template.jinja`, else `chat_template.js
 `sep_token`, `pad_token`, `cls_token`, `mask_token`: text or `{"content": ...}`, from
 `tokenizer_config.json`, missing ones from `special_tokens_map.json`) and the end ids (the
 `eos_token`'s, and `generation_config.json`'s `eos_token_id`). `template(tools)` picks the template
-as transformers does (`tool_use` when there are tools and such a template, else `default`);
+as transformers does (`tool_use` when there are tools and such a template, else `default`; `pick`
+for a folder's templates alone, `read_templates(folder)`);
 `compiled(text)` compiles one in transformers' sandbox: an immutable sandboxed environment with
 `trim_blocks`, `lstrip_blocks`, loop controls and the `{% generation %}` tag, `tojson` without
 HTML escaping, `raise_exception`, `strftime_now`, and `dict`/`namespace` that refuse
-underscore names. `aliased(chat)` fills `reasoning_content` (and `thinking`) from a message's
+underscore names; `variables(text)` the names a template reads but never sets (what
+`apply_chat_template(**kwargs)` could pass it). `aliased(chat)` fills `reasoning_content` (and `thinking`) from a message's
 reasoning under any of its names, as transformers does before rendering.
 """
 
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 import jinja2.nodes
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -60,11 +63,20 @@ class ModelFiles:
         return cls(tokenizer, templates, special, frozenset(i for i in eos if isinstance(i, int)))
 
     def template(self, tools: list[dict] | None) -> str:
-        if tools is not None and "tool_use" in self.templates:
-            return self.templates["tool_use"]
-        if "default" in self.templates:
-            return self.templates["default"]
-        raise ValueError(f"the model has several chat templates and no default: {sorted(self.templates)}")
+        return pick(self.templates, tools)
+
+
+def pick(templates: dict[str, str], tools: list[dict] | None) -> str:
+    if tools is not None and "tool_use" in templates:
+        return templates["tool_use"]
+    if "default" in templates:
+        return templates["default"]
+    raise ValueError(f"the model has several chat templates and no default: {sorted(templates)}")
+
+
+def read_templates(folder: Path) -> dict[str, str]:
+    """A model folder's chat templates alone (no tokenizer), as `ModelFiles.load` finds them."""
+    return _templates(folder, _json(folder / "tokenizer_config.json"))
 
 
 def _json(path: Path) -> dict:
@@ -160,11 +172,25 @@ class _Namespace(jinja2.utils.Namespace):
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
 
-@functools.lru_cache(maxsize=16)
-def compiled(template: str) -> jinja2.Template:
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise, strftime_now=lambda f: datetime.now().strftime(f),
                        dict=_Dict(), namespace=_Namespace)
-    return env.from_string(template)
+    return env
+
+
+@functools.lru_cache(maxsize=16)
+def compiled(template: str) -> jinja2.Template:
+    return _environment().from_string(template)
+
+
+@functools.lru_cache(maxsize=16)
+def variables(template: str) -> frozenset[str]:
+    """The names `template` reads without setting them (a template that does not parse reads none)."""
+    env = _environment()
+    try:
+        return frozenset(jinja2.meta.find_undeclared_variables(env.parse(template)))
+    except jinja2.TemplateSyntaxError:
+        return frozenset()

@@ -64,7 +64,6 @@ _OPENAI = {
     "prompt_cache_options": _n("cache breakpoints; the engine's prefix cache needs none"),
     "store": _n("whether the owner stores the output; the proxy stores nothing (stateless)"),
     "moderation": _r("no moderation runs here"),
-    "reasoning_effort": _r("reasoning settings are not passed to the chat template yet"),
 }
 
 CHAT: dict[str, Field] = {
@@ -93,31 +92,37 @@ CHAT: dict[str, Field] = {
     "web_search_options": _r("no web search"),
     "functions": _r("deprecated: send `tools`"),
     "function_call": _r("deprecated: send `tool_choice`"),
+    "reasoning_effort": _h("the chat template's `reasoning_effort` where it reads one; `none` also "
+                           "`enable_thinking: false`; refused where the template cannot express it"),
 }
 
 RESPONSES: dict[str, Field] = {
     **_OPENAI,
-    "input": _h("messages, `function_call` and `function_call_output` items (`reasoning` items are "
+    "input": _h("messages, `function_call` (with a `namespace`: `NAMESPACE.NAME`) and `function_call_output` "
+                "items (`reasoning` items are "
                 "skipped); image and file parts are refused"),
     "instructions": _h("a system message first"),
     "stream_options": _n("`include_obfuscation`: padding of streamed events; none is added"),
-    "tools": _h("`function` tools (`strict: true` constrains a call's arguments); other tool types "
-                "are refused"),
+    "tools": _h("`function` tools (`strict: true` constrains a call's arguments); `namespace` groups of "
+                "them, rendered as `NAMESPACE.NAME` tools, their calls answered with `namespace`; other "
+                "tool types are refused"),
     "tool_choice": _h("`auto`; `none`; `required` and `{type: function, name}`: decoding constrained "
                       "to tool calls by the engine"),
     "text": _h("`format`: `text`; `json_object` and `json_schema` constrained by the engine; "
                "`verbosity` other than `medium` refused"),
     "max_output_tokens": _h("engine max new tokens"),
-    "include": _h("`reasoning.encrypted_content` (no reasoning items are returned, so none to "
-                  "include); other values refused"),
-    "top_logprobs": _r("no logprobs in Responses output", 0),
+    "include": _h("`message.output_text.logprobs`: each sampled token's logprob in the `output_text` part; "
+                  "`reasoning.encrypted_content` (no reasoning items are returned, so none to include); "
+                  "other values refused"),
+    "top_logprobs": _h("the engine's top alternatives at each sampled token, in the `output_text` part's "
+                       "`logprobs` (streamed: in `output_text.done`)"),
     "truncation": _r("the input is never truncated", "disabled"),
     "previous_response_id": _r("stateless: send the whole input"),
     "conversation": _r("stateless: send the whole input"),
     "background": _r("answered in the foreground only", False),
     "prompt": _r("no stored prompts"),
-    "reasoning": _r("reasoning settings are not passed to the chat template yet; `summary: auto` alone asks for "
-                    "nothing the proxy lacks (it returns no reasoning items, which `auto` allows)", {"summary": "auto"}),
+    "reasoning": _h("`effort` as Chat's `reasoning_effort`; `summary`, `context` and `mode` only at their "
+                    "defaults (`auto`, `standard`): no reasoning items are returned"),
     "client_metadata": _n("the client's own ids (Codex sends its thread and turn); nothing is stored"),
     "max_tool_calls": _r("no built-in tools"),
     "context_management": _r("no server-side context management"),
@@ -140,9 +145,9 @@ ANTHROPIC: dict[str, Field] = {
                         "default `high` refused"),
     "cache_control": _n("a prompt-caching marker; the engine's prefix cache needs none"),
     "inference_geo": _n("where the owner runs inference"),
-    "thinking": _r("extended thinking is not passed to the chat template yet; `adaptive` (the model decides "
-                   "whether to think, as without the field) is accepted", {"type": "disabled"}, {"type": "adaptive"},
-                   {"type": "adaptive", "display": "omitted"}),
+    "thinking": _h("`enabled`: the chat template's `thinking_budget` (and `enable_thinking: true`), refused "
+                   "where it reads no budget; `disabled`: `enable_thinking: false` where it reads one; "
+                   "`adaptive`: as without the field; `display` `omitted` only"),
     "context_management": _r("no context editing; an edit that clears no thinking (`keep: all`) asks for nothing",
                              {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}),
     "container": _r("no code-execution containers"),

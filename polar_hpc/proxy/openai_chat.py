@@ -3,7 +3,8 @@
 - `parse(raw) -> (body, Call)`: `BadRequest` unless the body is a JSON object with a non-empty
   `messages` array of text, well-typed limits and controls, and only the fields `fields.CHAT`
   honours or lets pass; `tool_choice`, `parallel_tool_calls` and `response_format` in the `Call`'s
-  own form (`constraints`). `top_logprobs(body)` reads OpenAI's `top_logprobs`.
+  own form (`constraints`), `reasoning_effort` a `Reasoning`. `top_logprobs(body)` reads OpenAI's `top_logprobs`;
+  `logprob_entries(outcome)` is the reply's tokens' logprobs in OpenAI's shape.
 - `response(outcome, body, model)`: the `chat.completion` object (logprobs, with the engine's top
   alternatives, only when asked; one choice per sample when n > 1, `Outcome.choices`).
 - `Events(call, body, model)`: the same answer as `chat.completion.chunk` events while it is
@@ -22,7 +23,7 @@ from typing import Any
 from polar_hpc.proxy import fields
 from polar_hpc.proxy.calls import (
     BadRequest, Call, Outcome, StreamEvents, ToolCall, array, assistant_message, check_messages,
-    controls, decode_object, number, sse, stops, usage,
+    controls, decode_object, effort, number, sse, stops, usage,
 )
 
 API = "openai_chat"
@@ -75,6 +76,7 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         sampling=controls(body), tool_choice=_tool_choice(body.get("tool_choice")),
         one_call=body.get("parallel_tool_calls") is False,
         response_format=_response_format(body.get("response_format")), n=n, chat_body=body,
+        reasoning=effort(body.get("reasoning_effort"), "reasoning_effort"),
     )
     return body, call
 
@@ -120,14 +122,22 @@ def _usage(outcome: Outcome) -> dict[str, Any]:
             "total_tokens": prompt + sampled, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _logprobs(outcome: Outcome) -> dict[str, Any]:
+def logprob_entries(outcome: Outcome, k: int) -> list[dict[str, Any]]:
+    """Each sampled token's `{token, logprob, bytes, top_logprobs}`, as OpenAI's APIs give them: the
+    `k` most likely alternatives, most likely first (vLLM adds the sampled token to its k when it is
+    not among them)."""
     texts = outcome.token_texts or [""] * len(outcome.output_ids)
     tops = outcome.top_logprobs or [[]] * len(texts)
-    return {"content": [
+    return [
         {"token": t, "logprob": lp, "bytes": list(t.encode()),
-         "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())} for a, alp in top]}
+         "top_logprobs": [{"token": a, "logprob": alp, "bytes": list(a.encode())}
+                          for a, alp in sorted(top, key=lambda alt: -alt[1])[:k]]}
         for t, lp, top in zip(texts, outcome.output_logprobs, tops)
-    ]}
+    ]
+
+
+def _logprobs(outcome: Outcome, body: dict[str, Any]) -> dict[str, Any]:
+    return {"content": logprob_entries(outcome, top_logprobs(body))}
 
 
 def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -> dict[str, Any]:
@@ -136,7 +146,7 @@ def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -
         "model": model,
         "choices": [{
             "index": i, "message": assistant_message(choice),
-            "logprobs": _logprobs(choice) if body.get("logprobs") else None,
+            "logprobs": _logprobs(choice, body) if body.get("logprobs") else None,
             "finish_reason": choice.finish_reason,
         } for i, choice in enumerate([outcome, *outcome.choices])],
         "usage": _usage(outcome),
@@ -148,7 +158,7 @@ class Events(StreamEvents):
         self._head = {"id": f"chatcmpl-{call.id}", "object": "chat.completion.chunk",
                       "created": int(time.time()), "model": model}
         self._usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        self._logprobs = bool(body.get("logprobs"))
+        self._body = body
         if self._usage:
             self._head["usage"] = None
 
@@ -170,7 +180,7 @@ class Events(StreamEvents):
 
     def end(self, outcome: Outcome) -> bytes:
         out = [self.unsent(outcome)]
-        logprobs = _logprobs(outcome) if self._logprobs else None
+        logprobs = _logprobs(outcome, self._body) if self._body.get("logprobs") else None
         out.append(self._chunk({}, outcome.finish_reason, logprobs))
         if self._usage:
             out.append(sse({**self._head, "choices": [], "usage": _usage(outcome)}))

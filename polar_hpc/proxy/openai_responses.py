@@ -3,12 +3,15 @@
 - `parse(raw) -> (body, Call)`: `instructions` and `input` (a string, or message /
   `function_call` / `function_call_output` items of text; `reasoning` items are skipped) become
   Chat messages, an assistant message and the function calls after it one assistant turn;
-  `function` tools become Chat tools (other tool types are refused); `tool_choice`,
-  `parallel_tool_calls` and `text.format` in the `Call`'s form. Fields `fields.RESPONSES` refuses
+  `function` tools become Chat tools, those of a `namespace` group named `NAMESPACE.NAME` (other
+  tool types are refused); `tool_choice`, `parallel_tool_calls`, `text.format` and
+  `reasoning.effort` in the `Call`'s form; `top_logprobs` and `include` of
+  `message.output_text.logprobs` ask for the reply's logprobs. Fields `fields.RESPONSES` refuses
   (`previous_response_id` among them: harnesses re-send their history, `store: false` as Codex
   does) or does not know are a BadRequest.
 - `response(outcome, body, model, call_id)`: the `response` object (a `message` output item with
-  `output_text`, one `function_call` item per call, usage; `incomplete` on max_output_tokens).
+  `output_text`, its `logprobs` when asked; one `function_call` item per call, with its `namespace`
+  when it is a namespaced tool's; usage; `incomplete` on max_output_tokens).
 - `Events` (a `StreamEvents`): `response.created` / `in_progress`, `output_text.delta` as tokens
   arrive, the message's `*.done` events once it ends, each function call as soon as it is complete
   as `output_item.added` / `function_call_arguments.delta` / `.done` / `output_item.done`, then
@@ -23,21 +26,24 @@ from typing import Any
 
 from polar_hpc.proxy import fields
 from polar_hpc.proxy.calls import (
-    BadRequest, Call, Outcome, StreamEvents, ToolCall, array, controls, decode_object, number, sse, text_of,
-    usage,
+    BadRequest, Call, Outcome, Reasoning, StreamEvents, ToolCall, array, controls, decode_object, effort,
+    number, sse, text_of, usage,
 )
 from polar_hpc.proxy.openai_chat import error_body, token  # noqa: F401  (same shapes as Chat)
+from polar_hpc.proxy.openai_chat import logprob_entries, top_logprobs
 
 API = "openai_responses"
 PATH = "/v1/responses"
+LOGPROBS = "message.output_text.logprobs"  # the `include` that asks for the reply's logprobs
+INCLUDABLE = ("reasoning.encrypted_content", LOGPROBS)
 
 
 def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
     body = decode_object(raw)
     fields.check(fields.RESPONSES, body)
     include = body.get("include") or []
-    if not isinstance(include, list) or any(i != "reasoning.encrypted_content" for i in include):
-        raise BadRequest("'include' may only name reasoning.encrypted_content", "include")
+    if not isinstance(include, list) or any(i not in INCLUDABLE for i in include):
+        raise BadRequest(f"'include' may only name {' and '.join(INCLUDABLE)}", "include")
     messages: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None:
@@ -53,19 +59,67 @@ def parse(raw: bytes) -> tuple[dict[str, Any], Call]:
         _add_item(messages, item, f"input[{i}]")
     chat_tools = []
     for i, t in enumerate(array(body, "tools")):
-        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
-            kind = t.get("type") if isinstance(t, dict) else None
-            raise BadRequest(f"tools[{i}]: only function tools (with a name) are supported, not {kind!r}", f"tools[{i}]")
-        keys = ("name", "description", "parameters", "strict")
-        chat_tools.append({"type": "function", "function": {k: t[k] for k in keys if t.get(k) is not None}})
+        if isinstance(t, dict) and t.get("type") == "namespace":
+            chat_tools += _namespace(t, f"tools[{i}]")
+        else:
+            chat_tools.append(_function_tool(t, f"tools[{i}]"))
     call = Call(
         messages=messages, tools=chat_tools or None, max_tokens=number(body, "max_output_tokens", int),
         temperature=number(body, "temperature"), top_p=number(body, "top_p"),
         stream=bool(body.get("stream")), sampling=controls(body),
         tool_choice=_tool_choice(body.get("tool_choice")), one_call=body.get("parallel_tool_calls") is False,
-        response_format=_text_format(body.get("text")),
+        response_format=_text_format(body.get("text")), reasoning=_reasoning(body.get("reasoning")),
+        top_logprobs=top_logprobs(body), logprobs=_logprobs_asked(body),
     )
     return body, call
+
+
+def _logprobs_asked(body: dict[str, Any]) -> bool:
+    """Whether the reply's text carries its tokens' logprobs: `include` names them, or
+    `top_logprobs` asks for alternatives."""
+    return LOGPROBS in (body.get("include") or []) or bool(body.get("top_logprobs"))
+
+
+def _function_tool(t: Any, where: str, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A Chat tool for a Responses function tool; inside a namespace, named `NAMESPACE.NAME` (a
+    name OpenAI's own tool names, without dots, cannot clash with) and described after it."""
+    if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("name"), str):
+        kind = t.get("type") if isinstance(t, dict) else None
+        raise BadRequest(f"{where}: only function and namespace tools (with a name) are supported, not {kind!r}",
+                         where)
+    fn = {k: t[k] for k in ("name", "description", "parameters", "strict") if t.get(k) is not None}
+    if namespace is not None:
+        if "." in t["name"]:
+            raise BadRequest(f"{where}.name: a namespaced tool's name may not contain '.'", f"{where}.name")
+        fn["name"] = f"{namespace['name']}.{t['name']}"
+        fn["description"] = "\n\n".join(d for d in (namespace.get("description"), t.get("description")) if d)
+    return {"type": "function", "function": fn}
+
+
+def _namespace(t: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The Chat tools of a `namespace` tool group."""
+    if not isinstance(t.get("name"), str) or "." in t["name"] or not isinstance(t.get("tools"), list):
+        raise BadRequest(f"{where}: a namespace needs a name without '.' and an array of tools", where)
+    return [_function_tool(inner, f"{where}.tools[{j}]", t) for j, inner in enumerate(t["tools"])]
+
+
+def _namespaced(body: dict[str, Any]) -> set[str]:
+    """The Chat names (`NAMESPACE.NAME`) of the body's namespaced tools."""
+    return {f"{t['name']}.{inner.get('name')}" for t in body.get("tools") or []
+            if isinstance(t, dict) and t.get("type") == "namespace" for inner in t["tools"]}
+
+
+def _reasoning(value: Any) -> Reasoning | None:
+    """`reasoning.effort` for the chat template; a summary, context or mode other than the default
+    (`auto`, `standard`) is refused (no reasoning items are returned, which `auto` allows)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"effort", "summary", "generate_summary", "context", "mode"} \
+            or any(value.get(k) not in (None, "auto") for k in ("summary", "generate_summary", "context")) \
+            or value.get("mode") not in (None, "standard"):
+        raise BadRequest("'reasoning' may hold an effort, and a summary, context and mode only at their "
+                         "defaults (auto, standard): no reasoning items are returned", "reasoning")
+    return effort(value.get("effort"), "reasoning.effort")
 
 
 def _tool_choice(value: Any) -> str | dict[str, str]:
@@ -112,8 +166,11 @@ def _add_item(messages: list[dict[str, Any]], item: Any, where: str) -> None:
         for key in ("call_id", "name", "arguments"):
             if not isinstance(item.get(key), str):
                 raise BadRequest(f"{where}.{key} must be a string", f"{where}.{key}")
-        call = {"id": item["call_id"], "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]}}
+        namespace = item.get("namespace")
+        if not isinstance(namespace, (str, type(None))):
+            raise BadRequest(f"{where}.namespace must be a string", f"{where}.namespace")
+        name = item["name"] if namespace is None else f"{namespace}.{item['name']}"
+        call = {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": item["arguments"]}}
         if last is not None and last["role"] == "assistant":
             last.setdefault("tool_calls", []).append(call)
         else:
@@ -135,15 +192,37 @@ def _usage(outcome: Outcome) -> dict[str, Any]:
             "total_tokens": prompt + sampled}
 
 
-def _message_item(call_id: str, text: str, status: str) -> dict[str, Any]:
-    content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" or text else []
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return part
+
+
+def _message_item(call_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    content = [_text_part(text, logprobs)] if status == "completed" or text else []
     return {"type": "message", "id": f"msg_{call_id}", "status": status, "role": "assistant",
             "content": content}
 
 
-def _function_item(call: ToolCall) -> dict[str, Any]:
-    return {"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id, "name": call.name,
+def _function_item(call: ToolCall, namespaced: set[str]) -> dict[str, Any]:
+    item = {"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id, "name": call.name,
             "arguments": call.arguments, "status": "completed"}
+    if call.name in namespaced:
+        item["namespace"], item["name"] = call.name.split(".", 1)
+    return item
+
+
+def _logprobs(outcome: Outcome, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The reply's tokens' logprobs as the `output_text` part carries them, when asked."""
+    return logprob_entries(outcome, top_logprobs(body)) if _logprobs_asked(body) else None
+
+
+def _event_logprobs(entries: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Logprobs as the text events carry them (no bytes)."""
+    return [{"token": e["token"], "logprob": e["logprob"],
+             "top_logprobs": [{"token": a["token"], "logprob": a["logprob"]} for a in e["top_logprobs"]]}
+            for e in entries or []]
 
 
 def _shell(body: dict[str, Any], model: str, call_id: str, status: str) -> dict[str, Any]:
@@ -162,8 +241,8 @@ def response(outcome: Outcome, body: dict[str, Any], model: str, call_id: str) -
     cut = outcome.finish_reason == "length"
     out = _shell(body, model, call_id, "incomplete" if cut else "completed")
     if outcome.content:
-        out["output"].append(_message_item(call_id, outcome.content, "completed"))
-    out["output"] += [_function_item(c) for c in outcome.tool_calls]
+        out["output"].append(_message_item(call_id, outcome.content, "completed", _logprobs(outcome, body)))
+    out["output"] += [_function_item(c, _namespaced(body)) for c in outcome.tool_calls]
     out["usage"] = _usage(outcome)
     if cut:
         out["incomplete_details"] = {"reason": "max_output_tokens"}
@@ -200,23 +279,24 @@ class Events(StreamEvents):
         return out + self._event("response.output_text.delta", item_id=item_id, output_index=0,
                                  content_index=0, delta=delta, logprobs=[])
 
-    def _end_text(self) -> bytes:
-        """Close the message item, if one is open (calls follow it)."""
+    def _end_text(self, outcome: Outcome | None = None) -> bytes:
+        """Close the message item, if one is open (calls follow it; its logprobs, when asked, are
+        known once the reply is over: `outcome`)."""
         if self._text is None or self._text_done:
             return b""
         self._text_done = True
         item_id = f"msg_{self._call_id}"
-        part = {"type": "output_text", "text": self._text, "annotations": []}
+        logprobs = _logprobs(outcome, self._body) if outcome is not None else None
         return (self._event("response.output_text.done", item_id=item_id, output_index=0,
-                            content_index=0, text=self._text, logprobs=[])
+                            content_index=0, text=self._text, logprobs=_event_logprobs(logprobs))
                 + self._event("response.content_part.done", item_id=item_id, output_index=0,
-                              content_index=0, part=part)
+                              content_index=0, part=_text_part(self._text, logprobs))
                 + self._event("response.output_item.done", output_index=0,
-                              item=_message_item(self._call_id, self._text, "completed")))
+                              item=_message_item(self._call_id, self._text, "completed", logprobs)))
 
     def tool_call(self, call: ToolCall, index: int) -> bytes:
         out = self._end_text()
-        item, at = _function_item(call), index + (0 if self._text is None else 1)
+        item, at = _function_item(call, _namespaced(self._body)), index + (0 if self._text is None else 1)
         out += self._event("response.output_item.added", output_index=at,
                            item=dict(item, arguments="", status="in_progress"))
         out += self._event("response.function_call_arguments.delta", item_id=item["id"],
@@ -226,7 +306,7 @@ class Events(StreamEvents):
         return out + self._event("response.output_item.done", output_index=at, item=item)
 
     def end(self, outcome: Outcome) -> bytes:
-        out = self._end_text() + self.unsent(outcome)
+        out = self._end_text(outcome) + self.unsent(outcome)
         final = response(outcome, self._body, self._model, self._call_id)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
         return out + self._event(kind, response=final)

@@ -104,7 +104,7 @@ class ProxyOptions:
     peer_timeout_s: float = 10.0
     unix_socket: Path | None = None  # also serve HTTP on this Unix socket (for sandboxes without network)
     mode: str = "tito"  # tito | passthrough
-    tokenizer: str | None = None  # tito: the model folder; None: ask the engine
+    tokenizer: str | None = None  # the model folder (tito; passthrough: its chat template); None: ask the engine
     tool_parser: str = "auto"
     strict_model: bool = False
     max_body: int = 32 << 20  # bytes of a request body; larger ones get 413
@@ -437,7 +437,7 @@ def _capture_mode(opts: ProxyOptions, router: Router):
     except ConfigError as e:
         raise ConfigError(f"proxy: {e}") from None
     if opts.mode == "passthrough":
-        return Passthrough(router, opts.model, engine)
+        return Passthrough(router, opts.model, engine, opts.tokenizer)
     if opts.mode != "tito":
         raise ConfigError(f"proxy mode {opts.mode!r} is not known (tito, passthrough)")
     if opts.tool_parser not in PARSERS:

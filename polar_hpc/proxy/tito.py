@@ -5,7 +5,8 @@ rendering what transformers' `apply_chat_template` renders, tools included, with
 transformers), loaded from a local folder in well under a second; it keeps
 the last `RENDER_CACHE` renderings (keyed by exactly what the template sees) and `ENCODE_CACHE`
 tokenizations, each cache within `CACHE_BYTES`, and each token's text. Messages its template
-cannot render are a `BadRequest`. A big call's prompt is built in the worker thread
+cannot render are a `BadRequest`; a call's reasoning settings are rendered as the template
+variables `reasoning.template_kwargs` finds (or refused). A big call's prompt is built in the worker thread
 (`calls.offload`): the caches are locked, and a chain is replaced, never changed in place.
 `Tito(renderer, tool_parser, router, engine)`: `await answer(session, call, emit)` renders
 the call's conversation, asks an engine to sample from its token ids (the kind's client's
@@ -57,6 +58,7 @@ from polar_hpc.proxy.calls import (
 )
 from polar_hpc.proxy.chat_template import ModelFiles, aliased, compiled
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
+from polar_hpc.proxy.reasoning import template_kwargs
 from polar_hpc.proxy.routing import Router
 from polar_hpc.proxy.tool_parsers import NO_CALLS, CallReader, ToolParser, parser_for
 
@@ -115,25 +117,31 @@ class Renderer:
         self._encoded = _Lru(ENCODE_CACHE, CACHE_BYTES)
         self._token_text = functools.lru_cache(maxsize=1 << 16)(self._decode_one)  # per instance
 
-    def text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
-        key = msgspec.json.encode((messages, tools, generation))  # all the template sees, exactly
+    def kwargs(self, call: Call) -> dict[str, Any]:
+        """The template variables that honour the call's reasoning settings (`reasoning`)."""
+        return template_kwargs(call.reasoning, self.files.template(call.tools))
+
+    def text(self, messages: list[dict], tools: list[dict] | None, generation: bool,
+             kwargs: dict[str, Any] | None = None) -> str:
+        key = msgspec.json.encode((messages, tools, generation, kwargs or None))  # all the template sees, exactly
         text = self._rendered.get(key)
         if text is None:
-            text = self._render(messages, tools or None, generation)
+            text = self._render(messages, tools or None, generation, kwargs or {})
             self._rendered.put(key, text, len(key) + len(text))
         return text
 
-    def _render(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
+    def _render(self, messages: list[dict], tools: list[dict] | None, generation: bool,
+                kwargs: dict[str, Any]) -> str:
         """What `apply_chat_template(messages, tools=tools, tokenize=False,
-        add_generation_prompt=generation)` renders (`chat_template`), without its per-call deep
-        copy of everything into plain data (decoded JSON is plain data already). A template that
+        add_generation_prompt=generation, **kwargs)` renders (`chat_template`), without its per-call
+        deep copy of everything into plain data (decoded JSON is plain data already). A template that
         cannot render the harness's messages is the request's fault (BadRequest)."""
         chat = [{k: v for k, v in m.items() if v is not None} for m in _templated(messages)]
         try:
             template = compiled(self.files.template(tools))
             return template.render(
                 messages=aliased(chat), tools=tools, documents=None,
-                add_generation_prompt=generation, **self.files.special,
+                add_generation_prompt=generation, **self.files.special, **kwargs,
             )
         except (TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError,
                 RecursionError) as e:
@@ -207,6 +215,7 @@ class _Chain:
     messages: list[dict]  # through the last sampled assistant reply
     keys: list[tuple]  # their `message_key`s
     tools: list[dict] | None
+    kwargs: dict[str, Any]  # the template variables its calls were rendered with (reasoning)
     ids: list[int]  # prompt + sampled ids of the chain's last call
     sampled: int  # how many of `ids` its last call sampled
     prompt_text: str  # the rendered prompt of the chain's last call
@@ -219,6 +228,7 @@ class _Prompt:
     why: str  # why it starts a new chain ("" when it extends one)
     text: str  # the rendered prompt
     keys: list[tuple]  # the `message_key` of each of the call's messages
+    kwargs: dict[str, Any]  # the template variables it was rendered with
 
 
 class Chains:
@@ -229,24 +239,27 @@ class Chains:
         self.started = 0
 
     def prompt(self, r: Renderer, call: Call, context: int) -> _Prompt:
-        full = r.text(call.messages, call.tools, True)
+        kwargs = r.kwargs(call)
+        full = r.text(call.messages, call.tools, True, kwargs)
         r.refuse_overlong(full, context)
         keys = [message_key(m) for m in call.messages]
         why = "first call of the session"
         for chain in reversed(self._chains):
-            glue, why = self._glue(r, chain, call, keys, full)
+            glue, why = self._glue(r, chain, call, keys, full, kwargs)
             if glue is not None:
-                return _Prompt(chain.ids + r.encode(glue), chain, "", full, keys)
-        return _Prompt(r.encode(full), None, why, full, keys)
+                return _Prompt(chain.ids + r.encode(glue), chain, "", full, keys, kwargs)
+        return _Prompt(r.encode(full), None, why, full, keys, kwargs)
 
     @staticmethod
     def _glue(
-        r: Renderer, chain: _Chain, call: Call, keys: list[tuple], full: str
+        r: Renderer, chain: _Chain, call: Call, keys: list[tuple], full: str, kwargs: dict[str, Any]
     ) -> tuple[str | None, str]:
         """The text after the chain's last reply, when `call` re-sends the chain's history."""
         n, messages = len(chain.messages), call.messages
         if call.tools != chain.tools:
             return None, f"tools differ from chain {chain.number}"
+        if kwargs != chain.kwargs:
+            return None, f"reasoning settings differ from chain {chain.number}"
         for i in range(min(n, len(messages))):
             if keys[i] != chain.keys[i]:
                 return None, f"message {i} differs from chain {chain.number}"
@@ -256,7 +269,7 @@ class Chains:
             return None, f"chain {chain.number}'s last reply did not end with an end token"
         before = chain.prompt_text  # usually still the start of the rendering; else re-render
         if not full.startswith(before):
-            before = r.text(messages[: n - 1], call.tools, True)
+            before = r.text(messages[: n - 1], call.tools, True, kwargs)
         end = r.token_text(chain.ids[-1])
         at = full.find(end, len(before)) if full.startswith(before) else -1
         if at < 0:
@@ -273,7 +286,7 @@ class Chains:
             number, self.started = self.started, self.started + 1
         else:
             number = prompt.chain.number
-        chain = _Chain(number, messages, keys, call.tools, outcome.prompt_ids + outcome.output_ids,
+        chain = _Chain(number, messages, keys, call.tools, prompt.kwargs, outcome.prompt_ids + outcome.output_ids,
                        len(outcome.output_ids), prompt.text)
         # A chain is replaced whole, never changed, as `prompt` may read it in another thread.
         at = next((i for i, c in enumerate(self._chains) if c.number == number), None)
@@ -366,6 +379,8 @@ class Tito:
             raise EngineError(502, f"engine at {url} sampled from other prompt ids than it was sent", True)
         outcome.meta.update(rid=call.id, mode="tito", chain=chains.record(prompt, call, outcome),
                             sampling=sampling.record(), constrained=constraints.marks(call, sampling.constraint))
+        if prompt.kwargs:
+            outcome.meta["template_kwargs"] = prompt.kwargs
         if prompt.chain is None:
             outcome.meta["new_chain"] = prompt.why
         if retried:
