@@ -109,6 +109,8 @@ def proxy(
     max_body_mb: float = typer.Option(32, min=0.001, help="Larger request bodies get 413."),
     engine_wait_s: float = typer.Option(30, min=0, help="How long a call waits for an engine while none is up."),
     engine_kind: str = typer.Option("scripted", help="The engines' kind (engine.kind): scripted, sglang or vllm."),
+    affinity_slack: int = typer.Option(
+        16, min=0, help="Requests a task's engine may carry over the least loaded and still get its next sample."),
 ) -> None:
     """Serve LLM APIs to harnesses from the engines, recording every call (started by the gateway)."""
     from polar_hpc.proxy.server import ProxyOptions, serve
@@ -116,7 +118,7 @@ def proxy(
     opts = ProxyOptions(
         gateway, tuple(engine_url), host, port, ready_file, model, proxy_id, heartbeat_s,
         peer_timeout_s, unix_socket, mode, tokenizer, tool_parser, strict_model,
-        int(max_body_mb * (1 << 20)), engine_wait_s, engine_kind,
+        int(max_body_mb * (1 << 20)), engine_wait_s, engine_kind, affinity_slack,
     )
     raise typer.Exit(_guard(lambda: serve(opts)))
 
@@ -337,6 +339,7 @@ def engine(
     update_load_ms: float = typer.Option(0.0, min=0.0, help="Simulated load time of a weight update."),
     context_length: Optional[int] = typer.Option(None, help="Longest prompt + output, in tokens (default 65536)."),
     model_name: str = typer.Option("polar-scripted", help="Model name the engine serves."),
+    metrics: bool = typer.Option(True, help="Serve /metrics (--no-metrics: 404, as SGLang without --enable-metrics)."),
 ) -> None:
     """Run the scripted engine, or (with --run-dir) a run's engine step: its servers, registered."""
     from polar_hpc.config import SCRIPTED_CONTEXT
@@ -363,6 +366,7 @@ def engine(
         update_load_ms=update_load_ms,
         context_length=SCRIPTED_CONTEXT if context_length is None else context_length,
         model_name=model_name,
+        metrics=metrics,
     )
     _guard(lambda: scripted.serve(options))
 

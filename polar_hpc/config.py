@@ -90,6 +90,7 @@ class ProxyConfig(_Model):
     strict_model: bool = False  # refuse requests naming another model (default: serve ours)
     max_body_mb: float = Field(32, gt=0, le=1 << 20)  # larger request bodies get 413
     engine_wait_s: float = Field(30, ge=0, le=MAX_SECONDS)  # a call waits this long for an engine while none is up
+    affinity_slack: int = Field(16, ge=0, le=MAX_COUNT)  # requests a task's engine may carry over the least loaded
 
 
 class ApptainerConfig(_Model):

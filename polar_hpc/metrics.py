@@ -5,7 +5,9 @@ name says which role keeps it (`polar_proxy_*`, `polar_gateway_*`); the orchestr
 figures and the engines' are in `observe.live`. `Meter(role, process)` holds the families of one
 role in its own registry; `snapshot()` is them as one `wire.Metrics`. The proxy's meter
 (`ProxyMeter`) counts calls by API and capture mode, tokens captured (prompt, sampled), errors by
-kind and chain breaks, and times each call: `start_call()` opens a per-call clock (a context
+kind and chain breaks, new sessions by how the router placed them, each engine's requests and
+prefix-cache hit rate as the router last read them (`engines(router)`, before each snapshot), and
+times each call: `start_call()` opens a per-call clock (a context
 variable, so it follows the call's task), `engine_time(t0)` adds the time since `t0` spent waiting
 on an engine (every attempt), and `call_timings(meta, t_start, t_end)` writes `engine_ms` and
 `proxy_ms` (the call's time less the engine's) into the CallRecord's meta, metrics on or off. The
@@ -53,6 +55,12 @@ CATALOG: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "polar_proxy_tokens": ("counter", "Tokens captured, by kind (prompt, sampled)", ("kind",)),
     "polar_proxy_errors": ("counter", "Calls answered with an error, by kind", ("kind",)),
     "polar_proxy_chain_breaks": ("counter", "Calls that did not extend their session's chain", ()),
+    "polar_proxy_sessions_placed": ("counter", "New sessions placed on an engine, by how (group, group_busy, "
+                                    "least_loaded)", ("how",)),
+    "polar_proxy_engine_requests": ("gauge", "Requests running and queued in each engine, as its /metrics "
+                                    "last said", ("engine",)),
+    "polar_proxy_engine_cache_hit_rate": ("gauge", "Each engine's prefix-cache hit rate (cached prompt tokens "
+                                          "over prompt tokens), as its /metrics last said", ("engine",)),
     "polar_gateway_sessions_in_stage": ("gauge", "Sessions now in each pipeline stage", ("stage",)),
     "polar_gateway_sessions_ended": ("counter", "Sessions ended, by status", ("status",)),
     "polar_gateway_sandbox_start_seconds": ("histogram", "Seconds in INIT (sandbox start and prepare)", ()),
@@ -134,6 +142,7 @@ class ProxyMeter(Meter):
         tokens = f["polar_proxy_tokens"]
         self._prompt, self._sampled = tokens.labels("prompt"), tokens.labels("sampled")
         self._by_api: dict[tuple[str, Any], Any] = {}  # (api, mode) -> its labelled counter
+        self._placed: dict[str, int] = {}  # the router's counts at the last `engines`
 
     @classmethod
     def from_env(cls, process: str) -> ProxyMeter | None:
@@ -157,6 +166,21 @@ class ProxyMeter(Meter):
 
     def error(self, kind: str) -> None:
         self.f["polar_proxy_errors"].labels(kind).inc()
+
+    def engines(self, placed: dict[str, int], readings: dict[str, Any]) -> None:
+        """The router's count of placed sessions by how, and its last `routing.Reading` of each
+        engine (engines without one are left out)."""
+        counter = self.f["polar_proxy_sessions_placed"]
+        for how, n in placed.items():
+            counter.labels(how).inc(n - self._placed.get(how, 0))
+        self._placed = dict(placed)
+        requests, rate = self.f["polar_proxy_engine_requests"], self.f["polar_proxy_engine_cache_hit_rate"]
+        requests.clear()
+        rate.clear()
+        for url, reading in readings.items():
+            requests.labels(url[:MAX_LABEL]).set(reading.requests)
+            if reading.hit_rate is not None:
+                rate.labels(url[:MAX_LABEL]).set(reading.hit_rate)
 
 
 class GatewayMeter(Meter):

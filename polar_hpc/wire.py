@@ -274,10 +274,12 @@ class ProxyHello(Message):
 
 
 class OpenSession(Message):
-    """Calls bearing `token` as their API key now belong to `session_id`."""
+    """Calls bearing `token` as their API key now belong to `session_id`, a sample of task `task_id`
+    (the proxy routes the samples of a task to the engine that caches their prompt's prefix)."""
 
     session_id: str
     token: str
+    task_id: str = ""
 
 
 class SessionOpened(Message):

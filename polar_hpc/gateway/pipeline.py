@@ -72,7 +72,7 @@ class ProxyLink(Protocol):
     url: str
     socket: Path | None = None  # the proxy's HTTP on a Unix socket, for sandboxes without network
 
-    async def open(self, session_id: str, token: str) -> None: ...
+    async def open(self, session_id: str, token: str, task_id: str) -> None: ...
 
     async def close(self, session_id: str) -> list[wire.CallRecord]: ...
 
@@ -188,7 +188,7 @@ class Pipeline:
                 solution = task.solution.dir if task.solution and task.harness.kind == "oracle" else None
                 if solution and "/solution" in sandbox.mounts:
                     await sandbox.put("/solution", Path(solution))
-                await self.proxy.open(sid, token)
+                await self.proxy.open(sid, token, task.id)
                 await self._move(holding, "READY")
                 self._update(sid, "READY", outcome)
                 await self._move(holding, "RUN")

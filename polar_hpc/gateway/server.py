@@ -126,9 +126,9 @@ class ProxyLinkRouter(ProxyLink):
     def send(self, msg: wire.Message) -> None:
         self.sock.send_multipart([self.identity, wire.encode(msg)])
 
-    async def open(self, session_id: str, token: str) -> None:
+    async def open(self, session_id: str, token: str, task_id: str) -> None:
         """Returns once the proxy accepts the token, so the harness's first call cannot race it."""
-        await self._ask(self._opened, session_id, wire.OpenSession(session_id=session_id, token=token))
+        await self._ask(self._opened, session_id, wire.OpenSession(session_id, token, task_id))
 
     async def close(self, session_id: str) -> list[wire.CallRecord]:
         """Every record of the session: the proxy sends SessionClosed after the last one."""
@@ -249,6 +249,7 @@ class _Gateway:
         args += ["--tokenizer", topo.proxy.tokenizer] if topo.proxy.tokenizer else []
         args += ["--strict-model"] if topo.proxy.strict_model else []
         args += ["--max-body-mb", str(topo.proxy.max_body_mb), "--engine-wait-s", str(topo.proxy.engine_wait_s)]
+        args += ["--affinity-slack", str(topo.proxy.affinity_slack)]
         args += ["--heartbeat-s", str(topo.gateway.heartbeat_s), "--peer-timeout-s", str(topo.gateway.peer_timeout_s)]
         args += ["--unix-socket", str(http_socket)]
         log_path = opts.run_dir / "logs" / f"proxy-{node}-{opts.gateway_id}.log"

@@ -6,9 +6,8 @@ Gateways send their own snapshot and forward their proxy's (`wire.Metrics`, see
 orchestrator's own figures are read from its session table when asked (`status()`: sessions by
 state, in all, per second, ETA, mean reward, tokens, gateways), and the engines' every
 `interval_s` from each engine's own `/metrics` (GET with the run's engine API key, 2 s, at most
-1 MiB): SGLang's `sglang:num_running_reqs` / `sglang:num_queue_reqs` or vLLM's
-`vllm:num_requests_running` / `vllm:num_requests_waiting`, with the weight version the
-registry knows and whether the engine answered.
+1 MiB): requests running and waiting and the prefix-cache hit rate (`engines.gauges`, SGLang's or
+vLLM's names), with the weight version the registry knows and whether the engine answered.
 
 `start()` serves `/metrics` (Prometheus text; each peer sample labelled with its `process`) on
 `metrics.host` (loopback by default) and returns `{"metrics_url", "metrics_token"}` for
@@ -23,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import secrets
 import time
 import urllib.request
@@ -36,14 +34,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from polar_hpc import metrics, nofollow, wire
 from polar_hpc.config import MetricsConfig
+from polar_hpc.engines import gauges
 from polar_hpc.observe.server import authorized
 
 log = logging.getLogger("polar_hpc.orchestrator")
 
 MAX_PROCESSES = 4096
-_MAX_BODY = 1 << 20
-_QUEUES = {"running": ("sglang:num_running_reqs", "vllm:num_requests_running"),
-           "waiting": ("sglang:num_queue_reqs", "vllm:num_requests_waiting")}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -114,7 +110,7 @@ class Live:
             if version is not None:
                 f["weight_version"] = float(version)
             try:
-                f |= engine_queues(self._get(url.rstrip("/") + "/metrics"))
+                f |= engine_figures(self._get(url.rstrip("/") + "/metrics"))
                 f["up"] = 1.0
             except (OSError, ValueError) as e:
                 log.debug("engine %s: no metrics: %s", url, e)
@@ -124,7 +120,7 @@ class Live:
     def _get(self, url: str) -> str:
         headers = {"Authorization": f"Bearer {self.engine_key}"} if self.engine_key else {}
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as r:
-            return r.read(_MAX_BODY).decode(errors="replace")
+            return r.read(gauges.MAX_BYTES).decode(errors="replace")
 
     # --- the log --------------------------------------------------------------------------------
 
@@ -143,20 +139,12 @@ class Live:
             log.warning("metrics.jsonl not written: %s", e)
 
 
-def engine_queues(text: str) -> dict[str, float]:
-    """Requests running and waiting, summed over an engine's label sets, from its Prometheus text."""
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        for figure, names in _QUEUES.items():
-            name = next((n for n in names if line.startswith(n) and line[len(n):len(n) + 1] in ("{", " ")), None)
-            if name is not None:
-                try:
-                    value = float(line.rsplit(None, 1)[-1])
-                except ValueError:
-                    continue
-                if math.isfinite(value):
-                    found[figure] = found.get(figure, 0.0) + value
-    return found
+def engine_figures(text: str) -> dict[str, float]:
+    """Requests running and waiting, and the prefix-cache hit rate, from an engine's Prometheus text."""
+    read = gauges.read(text)
+    figures = {k: read[k] for k in ("running", "waiting") if k in read}
+    rate = gauges.hit_rate(read)
+    return figures if rate is None else figures | {"cache_hit_rate": rate}
 
 
 def _key(sample: wire.MetricSample) -> str:
@@ -189,7 +177,8 @@ class _Collector:
 
     def _engines(self):  # noqa: ANN202
         docs = {"up": "1 while the engine answers its /metrics", "running": "Requests the engine runs now",
-                "waiting": "Requests queued in the engine", "weight_version": "The engine's weight version"}
+                "waiting": "Requests queued in the engine", "weight_version": "The engine's weight version",
+                "cache_hit_rate": "Prompt tokens the engine's prefix cache held, over all prompt tokens"}
         for figure, doc in docs.items():
             family = GaugeMetricFamily(f"polar_engine_{figure}", doc, labels=["engine"])
             for url, f in sorted(self.live.engine_figures.items()):

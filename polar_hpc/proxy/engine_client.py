@@ -9,6 +9,8 @@ connection the engine closed meanwhile is replaced by a fresh one, once, before 
 `get_json(path)` GETs and `post_json(path, body)` POSTs JSON to `base_url + path` and return the
 decoded JSON object, or raise `EngineError`: `status` 400 when the engine rejected the request
 (its message passed on), 502 for anything else (unreachable, 5xx, not JSON, not HTTP).
+`get_text(path, max_bytes)` GETs the first `max_bytes` of a 200 answer's body as text (the
+connection is closed when more was coming), with the same errors.
 `stream_json(path, body)` POSTs a streaming request and yields each Server-Sent Event's decoded
 JSON `data` line until `[DONE]`, with the same errors (`started` is False while nothing was
 received, which is when a call may still be retried elsewhere). Every call carries the run's engine
@@ -154,6 +156,24 @@ class EngineClient:
 
     async def get_json(self, path: str) -> dict[str, Any]:
         return await self._call("GET", path, b"")
+
+    async def get_text(self, path: str, max_bytes: int) -> str:
+        conn: _Connection | None = None
+        pieces: list[bytes] = []
+        size = 0
+        try:
+            conn = await self._send("GET", path, b"")
+            while size < max_bytes and (piece := await conn.piece()):
+                pieces.append(piece)
+                size += len(piece)
+        except _FAILURES as e:
+            raise self._failed(e) from None
+        finally:
+            self._release(conn)
+        raw = b"".join(pieces)[:max_bytes]
+        if conn is not None and conn.status != 200:
+            _answer(conn.status, raw)
+        return raw.decode(errors="replace")
 
     async def post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return await self._call("POST", path, msgspec.json.encode(body))

@@ -23,7 +23,8 @@ open or the gateway that started it is gone. A `tokenizer` that cannot be loaded
 - Engines (the live engine URLs, relayed by the gateway from the orchestrator) replaces the
   router's membership; an engine (these, or one given at start) is used only once it has proved
   it is this run's (`engines.identity.check` with the run's key, off the event loop).
-- Sessions: OpenSession makes calls bearing the token as their API key belong to a session.
+- Sessions: OpenSession makes calls bearing the token as their API key belong to a session, and
+  the session one of its task's group for the router (`routing.Router.join`).
   CloseSession revokes the token (later calls get 401), cancels the session's in-flight calls
   (engine requests aborted, no record sent, the harness gets 401), then answers
   SessionClosed(n_calls = records sent). Records of a session are numbered from 0 as sent.
@@ -76,7 +77,7 @@ from polar_hpc.proxy.calls import BIG, BadRequest, ToolCall, assistant_message, 
 from polar_hpc.proxy.engine_client import EngineError
 from polar_hpc.proxy.gateway_link import ProxyLinkDealer
 from polar_hpc.proxy.passthrough import Passthrough
-from polar_hpc.proxy.routing import NO_ENGINE, Router
+from polar_hpc.proxy.routing import AFFINITY_SLACK, NO_ENGINE, Router
 from polar_hpc.proxy.tito import Renderer, Tito
 from polar_hpc.proxy.tool_parsers import PARSERS
 from polar_hpc.security import ENGINE_KEY_ENV
@@ -110,6 +111,7 @@ class ProxyOptions:
     max_body: int = 32 << 20  # bytes of a request body; larger ones get 413
     engine_wait_s: float = 30.0  # how long a call waits for an engine while none is registered
     engine_kind: str = "scripted"  # engine.kind: which engines.kinds client speaks to the engines
+    affinity_slack: int = AFFINITY_SLACK  # requests a task's engine may carry over the least loaded
 
 
 def serve(opts: ProxyOptions) -> None:
@@ -203,7 +205,7 @@ class _Proxy:
         while True:
             message = await self.link.recv()
             if isinstance(message, wire.OpenSession):
-                self._open(message.session_id, message.token)
+                self._open(message.session_id, message.token, message.task_id)
                 self.link.send(wire.SessionOpened(session_id=message.session_id))
             elif isinstance(message, wire.CloseSession):
                 await self._close(message.session_id)
@@ -219,12 +221,18 @@ class _Proxy:
         while not self.link.liveness.lost():
             self.link.send(wire.Heartbeat(sender=self.opts.proxy_id, t=time.time()))
             if self.meter is not None and self.meter.due():
-                self.link.send(self.meter.snapshot())
+                self.link.send(self._snapshot())
             await asyncio.sleep(self.opts.heartbeat_s)
         log.warning("gateway silent for over %ss", self.opts.peer_timeout_s)
 
-    def _open(self, session_id: str, token: str) -> None:
+    def _snapshot(self) -> wire.Metrics:
+        assert self.meter is not None
+        self.meter.engines(self.router.placed, self.router.readings())
+        return self.meter.snapshot()
+
+    def _open(self, session_id: str, token: str, group: str) -> None:
         """A repeated OpenSession rebinds the session to the new token, keeping its calls."""
+        self.router.join(session_id, group)
         session = self._sessions.get(session_id)
         if session is None:
             session = self._sessions[session_id] = _Session(session_id, token)
@@ -246,7 +254,7 @@ class _Proxy:
         self.mode.forget(session_id)
         self.router.forget(session_id)
         if self.meter is not None and self.meter.ended():  # before SessionClosed: it reaches the orchestrator first
-            self.link.send(self.meter.snapshot())
+            self.link.send(self._snapshot())
         self.link.send(wire.SessionClosed(session_id=session_id, n_calls=session.n_calls))
 
     def holding(self) -> bool:
@@ -454,7 +462,8 @@ async def _run(opts: ProxyOptions) -> None:
     stop, signalled, gateway_pid = asyncio.Event(), asyncio.Event(), os.getppid()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
-    mode = _capture_mode(opts, router := Router(list(opts.engine_urls), hold_s=opts.engine_wait_s))
+    router = Router(list(opts.engine_urls), hold_s=opts.engine_wait_s, affinity_slack=opts.affinity_slack)
+    mode = _capture_mode(opts, router)
     ctx = zmq.asyncio.Context()
     link = ProxyLinkDealer(ctx, opts.gateway, opts.peer_timeout_s)
     proxy = _Proxy(opts, router, mode, link)

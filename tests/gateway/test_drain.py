@@ -28,7 +28,7 @@ class _Link:
     def __init__(self, silent: str) -> None:
         self.silent = silent
 
-    async def open(self, session_id: str, token: str) -> None:
+    async def open(self, session_id: str, token: str, task_id: str) -> None:
         return None
 
     async def close(self, session_id: str) -> list[wire.CallRecord]:

@@ -1,4 +1,4 @@
-"""The parts that need no run: engine queue parsing (SGLang's and vLLM's names, hostile text),
+"""The parts that need no run: engine figure parsing (SGLang's and vLLM's names, hostile text),
 snapshot checks, and the dashboard's reading of the orchestrator's metrics.jsonl lines."""
 
 from __future__ import annotations
@@ -7,19 +7,23 @@ import json
 from pathlib import Path
 
 from polar_hpc import metrics, wire
-from polar_hpc.observe.live import engine_queues
+from polar_hpc.observe.live import engine_figures
 from polar_hpc.observe.livelog import LiveLog
 
 
-def test_engine_queues_by_sglang_and_vllm_names() -> None:
+def test_engine_figures_by_sglang_and_vllm_names() -> None:
     sglang = ('# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name="m"} 3.0\n'
               'sglang:num_running_reqs_other 99\nsglang:num_queue_reqs{model_name="m",dp="1"} 2\n'
-              'sglang:num_queue_reqs{model_name="m",dp="2"} 5\n')
-    assert engine_queues(sglang) == {"running": 3.0, "waiting": 7.0}
-    vllm = 'vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_waiting{model_name="m"} 4\n'
-    assert engine_queues(vllm) == {"running": 1.0, "waiting": 4.0}
+              'sglang:num_queue_reqs{model_name="m",dp="2"} 5\n'
+              'sglang:cache_hit_rate{dp="1"} 0.2\nsglang:cache_hit_rate{dp="2"} 0.4\n')
+    assert engine_figures(sglang) == {"running": 3.0, "waiting": 7.0, "cache_hit_rate": 0.30000000000000004}
+    counted = sglang + 'sglang:prompt_tokens_total{model_name="m"} 400\nsglang:cached_tokens_total{a="}"} 100 17\n'
+    assert engine_figures(counted)["cache_hit_rate"] == 0.25  # the counters before the gauge
+    vllm = ('vllm:num_requests_running{model_name="m"} 1\nvllm:num_requests_waiting{model_name="m"} 4\n'
+            'vllm:prefix_cache_queries_total{engine="0"} 80\nvllm:prefix_cache_hits_total{engine="0"} 60\n')
+    assert engine_figures(vllm) == {"running": 1.0, "waiting": 4.0, "cache_hit_rate": 0.75}
     hostile = "sglang:num_running_reqs nan\nsglang:num_queue_reqs {}\nsglang:num_queue_reqs inf\n\x00" * 3
-    assert engine_queues(hostile) == {}
+    assert engine_figures(hostile) == {}
 
 
 def test_a_meter_snapshot_passes_its_own_check() -> None:

@@ -1,7 +1,8 @@
 """Real processes for proxy tests: proxies, and a gateway played by the test.
 
 `FakeGateway` owns a real ZeroMQ ROUTER bound on ipc in a thread: it heartbeats the proxy (unless
-`beating` is cleared), counts its heartbeats, and queues every other message for `expect`.
+`beating` is cleared), counts its heartbeats, keeps metrics snapshots for `wait_metrics` (sent
+only with `metrics.ENV` set), and queues every other message for `expect`.
 `start_proxy` runs `polar-hpc proxy` and returns once its ready file names its URL; `Proxy.stop`
 stops it as its gateway does (Shutdown over the link; a signal alone leaves a proxy serving its
 open sessions for most of the stop budget).
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -88,6 +90,7 @@ class FakeGateway:
         self.beating.set()
         self.heartbeats: list[wire.Heartbeat] = []
         self._inbox: queue.Queue = queue.Queue()
+        self._metrics: queue.Queue = queue.Queue()
         self._outbox: queue.Queue = queue.Queue()
         self._done = threading.Event()
         self._ctx = zmq.Context()
@@ -107,6 +110,8 @@ class FakeGateway:
                 message = wire.decode(data)
                 if isinstance(message, wire.Heartbeat):
                     self.heartbeats.append(message)
+                elif isinstance(message, wire.Metrics):
+                    self._metrics.put(message)
                 else:
                     if isinstance(message, wire.ProxyHello):
                         self._proxies[message.proxy_id] = self._peer
@@ -138,10 +143,21 @@ class FakeGateway:
         assert isinstance(message, cls), f"expected {cls.__name__}, got {message!r}"
         return message
 
-    def open(self, session_id: str, token: str) -> None:
-        """Open a session and return once the proxy has acknowledged it."""
-        self.send(wire.OpenSession(session_id=session_id, token=token))
+    def open(self, session_id: str, token: str, task_id: str = "") -> None:
+        """Open a session (a sample of `task_id`) and return once the proxy has acknowledged it."""
+        self.send(wire.OpenSession(session_id=session_id, token=token, task_id=task_id))
         assert self.expect(wire.SessionOpened) == wire.SessionOpened(session_id)
+
+    def wait_metrics(self, done: Callable[[dict[tuple[str, str], float]], bool],
+                     timeout: float = 30.0) -> dict[tuple[str, str], float]:
+        """The first metrics snapshot for which `done` holds, as {(sample name, its one label
+        value or ""): value}."""
+        deadline = time.monotonic() + timeout
+        while True:
+            snapshot = self._metrics.get(timeout=max(0.0, deadline - time.monotonic()))
+            samples = {(s.name, next(iter(s.labels.values()), "")): s.value for s in snapshot.samples}
+            if done(samples):
+                return samples
 
     def quiet(self, seconds: float) -> None:
         """Assert no message other than heartbeats arrives for `seconds`."""
@@ -200,12 +216,14 @@ def sample_for(log: Path, rid: str) -> dict:
 class FakeEngine:
     """A stand-in engine on a real socket; every POST is answered according to `mode`:
     "hang" never answers and sets `aborted` once the proxy drops the connection; "error" answers
-    HTTP 500; "bare" answers a chat.completion without token ids; "drop" closes the connection."""
+    HTTP 500; "bare" answers a chat.completion without token ids; "drop" closes the connection.
+    A GET (its path noted in `gets`) is answered 404."""
 
     def __init__(self) -> None:
         self.mode = "hang"
         self.received = threading.Event()
         self.aborted = threading.Event()
+        self.gets: list[str] = []
         self._server = socket.create_server(("127.0.0.1", 0))
         self.url = "http://127.0.0.1:%d" % self._server.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -226,6 +244,10 @@ class FakeEngine:
                     head.append(f.readline())
                 if head[-1] == b"":
                     return
+                if head[0].startswith(b"GET "):
+                    self.gets.append(head[0].split()[1].decode())
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                    continue
                 sizes = [h.split(b":")[1] for h in head if h.lower().startswith(b"content-length")]
                 length = int(sizes[0])
                 f.read(length)

@@ -4,10 +4,11 @@
 prompt, as `encode(reply) + [<|im_end|>]`, cut by SGLang's rules (a stop/eos token ends it and is
 included in output_ids; a stop string ends it, the text stops before it; max_new_tokens ends it with
 finish `length`). It also simulates a prefix cache (cached_tokens = longest common prefix with the
-last 64 sequences served), plans when each token is sent (`times`: wall-clock seconds, one token
-every `token_delay_ms` after the request arrived, plus the policy's pause after the token that
-completes its `pause_after` text; routes wait until those times) and appends one JSON line per
-generation to the sample log (with `t`, those times).
+last 64 sequences served; `prompt_tokens` and `cached_tokens` add them up since the start), plans
+when each token is sent (`times`: wall-clock seconds, one token every `token_delay_ms` after the
+request arrived, plus the policy's pause after the token that completes its `pause_after` text;
+routes wait until those times) and appends one JSON line per generation to the sample log (with
+`t`, those times).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class ScriptedModel:
         )
         self.token_delay_s = token_delay_ms / 1000
         self._cache: deque[list[int]] = deque(maxlen=64)
+        self.prompt_tokens = self.cached_tokens = 0  # since the start, as SGLang's counters
         self._log = None
         if sample_log is not None:
             Path(sample_log).parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +111,8 @@ class ScriptedModel:
         ] + [text]
         cached = max((_common_length(prompt_ids, seq) for seq in self._cache), default=0)
         self._cache.append(prompt_ids + output_ids)
+        self.prompt_tokens += n_prompt
+        self.cached_tokens += cached
         n = len(output_ids)
         pause_after = n if reply.pause_at is None else next(
             (k for k in range(1, n + 1) if len(texts[k]) >= reply.pause_at), n)

@@ -8,8 +8,9 @@ Routes: POST /generate (SGLang native, streaming or not; of SGLang's fields and 
 it refuses those it cannot honour, constrained decoding, logit bias and top logprobs among them,
 and any SGLang does not know), POST /v1/chat/completions (OpenAI Chat
 with tools, logprobs and SGLang's `return_token_ids`; in `chat.py`), GET /health,
-GET /get_model_info, GET /v1/models, and SGLang's weight-update routes (/pause_generation,
-/update_weights_from_disk, /continue_generation; in `weights.py`). With the environment
+GET /get_model_info, GET /v1/models, SGLang's weight-update routes (/pause_generation,
+/update_weights_from_disk, /continue_generation; in `weights.py`) and GET /metrics (in
+`weights.py`; not served with `metrics` off). With the environment
 variable `security.ENGINE_KEY_ENV` set (the run's engine API key), every route but /health demands
 it as `Authorization: Bearer`, like SGLang's `--api-key`. `serve(options)` blocks: it listens
 (port 0: a free port), writes `{"url": ...}` to the ready file atomically, and returns after
@@ -60,6 +61,7 @@ class ScriptedOptions:
     update_load_ms: float = 0.0  # simulated load time of a weight update (weights.py)
     context_length: int = SCRIPTED_CONTEXT
     model_name: str = "polar-scripted"
+    metrics: bool = True  # serve /metrics (weights.py); False: 404, as SGLang without --enable-metrics
 
 
 def serve(options: ScriptedOptions) -> None:
@@ -70,12 +72,14 @@ def serve(options: ScriptedOptions) -> None:
         token_delay_ms=options.token_delay_ms, sample_log=options.sample_log,
     )
     try:
-        asyncio.run(_serve(options, build_app(model, os.environ.get(ENGINE_KEY_ENV), options.update_load_ms)))
+        app = build_app(model, os.environ.get(ENGINE_KEY_ENV), options.update_load_ms, options.metrics)
+        asyncio.run(_serve(options, app))
     finally:
         model.close()
 
 
-def build_app(model: ScriptedModel, api_key: str | None = None, update_load_ms: float = 0.0) -> web.Application:
+def build_app(model: ScriptedModel, api_key: str | None = None, update_load_ms: float = 0.0,
+              metrics: bool = True) -> web.Application:
     app = web.Application(middlewares=[json_errors, require_key, generation_gate], client_max_size=64 * 2**20)
     app[MODEL] = model
     if api_key:
@@ -85,7 +89,7 @@ def build_app(model: ScriptedModel, api_key: str | None = None, update_load_ms: 
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/generate", generate)
     app.router.add_post("/v1/chat/completions", chat_completions)
-    add_weight_routes(app, update_load_ms)
+    add_weight_routes(app, update_load_ms, metrics)
     return app
 
 

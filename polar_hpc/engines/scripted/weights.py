@@ -12,8 +12,10 @@
   adds around it) and records the folder and the new version; answers `{"success": true,
   "message", "num_paused_requests"}`. Every call that starts afterwards reports the new version.
 - POST /continue_generation: lets the waiting requests in.
-- GET /metrics: SGLang's `sglang:num_running_reqs` and `sglang:num_queue_reqs` gauges (Prometheus
-  text), from the door's counts.
+- GET /metrics (unless `add_routes(..., metrics=False)`): SGLang's `sglang:num_running_reqs` and
+  `sglang:num_queue_reqs` gauges (Prometheus text), from the door's counts, and its
+  `sglang:prompt_tokens_total` / `sglang:cached_tokens_total` counters, from the model's simulated
+  prefix cache.
 
 `generation_gate` is the middleware that holds /generate and /v1/chat/completions while paused and
 counts them while they run; `abort_signal(request)` is the event set when that request is aborted.
@@ -89,19 +91,24 @@ async def generation_gate(request: web.Request, handler: Any) -> web.StreamRespo
             gate.idle.set()
 
 
-def add_routes(app: web.Application, load_ms: float = 0.0) -> None:
+def add_routes(app: web.Application, load_ms: float = 0.0, metrics: bool = True) -> None:
     app[GATE] = Gate(load_ms / 1000)
     app.router.add_post("/pause_generation", pause_generation)
     app.router.add_post("/continue_generation", continue_generation)
     app.router.add_post("/update_weights_from_disk", update_weights_from_disk)
-    app.router.add_get("/metrics", engine_metrics)
+    if metrics:
+        app.router.add_get("/metrics", engine_metrics)
 
 
 async def engine_metrics(request: web.Request) -> web.Response:
-    """SGLang's request gauges, by SGLang's names: generations running, and waiting at the door."""
-    gate, name = request.app[GATE], request.app[MODEL].model_name
-    lines = [f"# TYPE sglang:{metric} gauge\nsglang:{metric}{{model_name={json.dumps(name)}}} {value}"
-             for metric, value in (("num_running_reqs", gate.running), ("num_queue_reqs", gate.waiting))]
+    """SGLang's request gauges and prompt-token counters, by SGLang's names: generations running,
+    waiting at the door, prompt tokens and those of them the prefix cache held."""
+    gate, model = request.app[GATE], request.app[MODEL]
+    label = f"{{model_name={json.dumps(model.model_name)}}}"
+    lines = [f"# TYPE sglang:{metric} {kind}\nsglang:{metric}{label} {value}" for metric, kind, value in (
+        ("num_running_reqs", "gauge", gate.running), ("num_queue_reqs", "gauge", gate.waiting),
+        ("prompt_tokens_total", "counter", model.prompt_tokens),
+        ("cached_tokens_total", "counter", model.cached_tokens))]
     return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
 
