@@ -111,6 +111,7 @@ def proxy(
     engine_kind: str = typer.Option("scripted", help="The engines' kind (engine.kind): scripted, sglang or vllm."),
     affinity_slack: int = typer.Option(
         16, min=0, help="Requests a task's engine may carry over the least loaded and still get its next sample."),
+    engine_poll_s: float = typer.Option(1.0, min=0, help="Read each engine's /metrics for its load this often (0: never)."),
 ) -> None:
     """Serve LLM APIs to harnesses from the engines, recording every call (started by the gateway)."""
     from polar_hpc.proxy.server import ProxyOptions, serve
@@ -118,7 +119,7 @@ def proxy(
     opts = ProxyOptions(
         gateway, tuple(engine_url), host, port, ready_file, model, proxy_id, heartbeat_s,
         peer_timeout_s, unix_socket, mode, tokenizer, tool_parser, strict_model,
-        int(max_body_mb * (1 << 20)), engine_wait_s, engine_kind, affinity_slack,
+        int(max_body_mb * (1 << 20)), engine_wait_s, engine_kind, affinity_slack, engine_poll_s,
     )
     raise typer.Exit(_guard(lambda: serve(opts)))
 

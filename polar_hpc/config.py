@@ -91,6 +91,7 @@ class ProxyConfig(_Model):
     max_body_mb: float = Field(32, gt=0, le=1 << 20)  # larger request bodies get 413
     engine_wait_s: float = Field(30, ge=0, le=MAX_SECONDS)  # a call waits this long for an engine while none is up
     affinity_slack: int = Field(16, ge=0, le=MAX_COUNT)  # requests a task's engine may carry over the least loaded
+    engine_poll_s: float = Field(1.0, ge=0, le=MAX_SECONDS)  # each engine's /metrics read this often (0: never)
 
 
 class ApptainerConfig(_Model):

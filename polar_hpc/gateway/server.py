@@ -249,7 +249,7 @@ class _Gateway:
         args += ["--tokenizer", topo.proxy.tokenizer] if topo.proxy.tokenizer else []
         args += ["--strict-model"] if topo.proxy.strict_model else []
         args += ["--max-body-mb", str(topo.proxy.max_body_mb), "--engine-wait-s", str(topo.proxy.engine_wait_s)]
-        args += ["--affinity-slack", str(topo.proxy.affinity_slack)]
+        args += ["--affinity-slack", str(topo.proxy.affinity_slack), "--engine-poll-s", str(topo.proxy.engine_poll_s)]
         args += ["--heartbeat-s", str(topo.gateway.heartbeat_s), "--peer-timeout-s", str(topo.gateway.peer_timeout_s)]
         args += ["--unix-socket", str(http_socket)]
         log_path = opts.run_dir / "logs" / f"proxy-{node}-{opts.gateway_id}.log"

@@ -13,7 +13,7 @@ session's call is tried becomes its group's engine at once, so that samples of a
 together go together (the last `MAX_GROUPS` groups are kept).
 
 An engine's load is its own count of requests running and queued, read from its `/metrics`
-(`engines.gauges`) every `poll_s` (one read per engine at a time, at most `gauges.MAX_BYTES`,
+(`engines.gauges`) every `poll_s` (0: never; one read per engine at a time, at most `gauges.MAX_BYTES`,
 `POLL_TIMEOUT_S`), plus the calls this proxy started on it since that reading, and never less than
 this proxy's calls in flight there; an engine whose metrics cannot be read (none served, an error)
 counts only this proxy's calls in flight. `readings()` is each engine's last reading (requests,
@@ -77,7 +77,7 @@ class Router:
         self.placed: Counter[str] = Counter()
         self.set_engines(urls)
         self._reading: dict[str, asyncio.Task] = {}  # url -> its /metrics being read
-        self._poller = asyncio.create_task(self._poll())
+        self._poller = asyncio.create_task(self._poll()) if poll_s > 0 else None
 
     @property
     def urls(self) -> list[str]:
@@ -100,7 +100,8 @@ class Router:
 
     async def close(self) -> None:
         for task in [self._poller, *self._reading.values()]:
-            task.cancel()
+            if task is not None:
+                task.cancel()
         for client in [*self._clients.values(), *self._gone]:
             await client.close()
 

@@ -77,7 +77,7 @@ from polar_hpc.proxy.calls import BIG, BadRequest, ToolCall, assistant_message, 
 from polar_hpc.proxy.engine_client import EngineError
 from polar_hpc.proxy.gateway_link import ProxyLinkDealer
 from polar_hpc.proxy.passthrough import Passthrough
-from polar_hpc.proxy.routing import AFFINITY_SLACK, NO_ENGINE, Router
+from polar_hpc.proxy.routing import AFFINITY_SLACK, NO_ENGINE, POLL_S, Router
 from polar_hpc.proxy.tito import Renderer, Tito
 from polar_hpc.proxy.tool_parsers import PARSERS
 from polar_hpc.security import ENGINE_KEY_ENV
@@ -112,6 +112,7 @@ class ProxyOptions:
     engine_wait_s: float = 30.0  # how long a call waits for an engine while none is registered
     engine_kind: str = "scripted"  # engine.kind: which engines.kinds client speaks to the engines
     affinity_slack: int = AFFINITY_SLACK  # requests a task's engine may carry over the least loaded
+    engine_poll_s: float = POLL_S  # how often each engine's /metrics is read for its load (0: never)
 
 
 def serve(opts: ProxyOptions) -> None:
@@ -462,7 +463,8 @@ async def _run(opts: ProxyOptions) -> None:
     stop, signalled, gateway_pid = asyncio.Event(), asyncio.Event(), os.getppid()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
-    router = Router(list(opts.engine_urls), hold_s=opts.engine_wait_s, affinity_slack=opts.affinity_slack)
+    router = Router(list(opts.engine_urls), hold_s=opts.engine_wait_s, affinity_slack=opts.affinity_slack,
+                    poll_s=opts.engine_poll_s)
     mode = _capture_mode(opts, router)
     ctx = zmq.asyncio.Context()
     link = ProxyLinkDealer(ctx, opts.gateway, opts.peer_timeout_s)

@@ -9,6 +9,7 @@ from pathlib import Path
 from polar_hpc import metrics, wire
 from polar_hpc.observe.live import engine_figures
 from polar_hpc.observe.livelog import LiveLog
+from polar_hpc.proxy.routing import Reading
 
 
 def test_engine_figures_by_sglang_and_vllm_names() -> None:
@@ -37,6 +38,10 @@ def test_a_meter_snapshot_passes_its_own_check() -> None:
     assert record.meta["engine_ms"] == 0.0 and record.meta["proxy_ms"] == 500.0
     meter.call("openai_chat", record)
     meter.error("upstream")
+    long_url = "http://engine/" + "x" * 200  # a label value is cut to what `check` allows
+    meter.engines({"group": 2}, {"http://e0": Reading(3.0, 0.5, 1), long_url: Reading(1.0, None, 0)})
+    assert metrics.check(meter.snapshot(), ("proxy",)) is None
+    meter.engines({"group": 3, "least_loaded": 1}, {"http://e0": Reading(4.0, 0.25, 0)})
     snap = meter.snapshot()
     assert metrics.check(snap, ("gateway", "proxy")) is None
     assert metrics.check(snap, ("gateway",)) is not None  # a proxy's snapshot is not a gateway's
@@ -44,6 +49,11 @@ def test_a_meter_snapshot_passes_its_own_check() -> None:
     assert values[("polar_proxy_tokens_total", (("kind", "prompt"),))] == 2
     assert values[("polar_proxy_chain_breaks_total", ())] == 1
     assert values[("polar_proxy_errors_total", (("kind", "upstream"),))] == 1
+    assert values[("polar_proxy_sessions_placed_total", (("how", "group"),))] == 3  # the router's counts
+    engines = {(n, dict(labels)["engine"]): v for (n, labels), v in values.items() if ("engine", "http://e0") in labels
+               or n == "polar_proxy_engine_requests"}
+    assert engines == {("polar_proxy_engine_requests", "http://e0"): 4.0,  # the last reading only
+                       ("polar_proxy_engine_cache_hit_rate", "http://e0"): 0.25}
 
 
 def _line(t: float, count: float, engine: float, added: float, running: float = 0) -> str:
