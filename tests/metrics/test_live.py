@@ -155,6 +155,23 @@ def test_engine_and_proxy_time_add_up(live: Path) -> None:
             assert 0 <= proxy_ms < engine_ms + 1000
 
 
+def test_a_tasks_samples_share_an_engine_whose_cache_hits_are_reported(live: Path) -> None:
+    """The gateway names each session's task to the proxy: calc-merge's second sample is placed by
+    its group, the other two sessions that call by load; both samples' shared prompt is a hit in
+    the scripted engine's prefix cache, which the orchestrator and the proxy report."""
+    deadline = time.monotonic() + 60
+    while True:
+        samples = scrape(live)
+        placed = {how: total(samples, "polar_proxy_sessions_placed_total", how=how)
+                  for how in ("group", "group_busy", "least_loaded")}
+        rates = [v for (n, _), v in samples.items()
+                 if n in ("polar_engine_cache_hit_rate", "polar_proxy_engine_cache_hit_rate")]
+        if placed == {"group": 1, "group_busy": 0, "least_loaded": 2} and len(rates) == 2 and min(rates) > 0:
+            return
+        assert time.monotonic() < deadline, (placed, rates)
+        time.sleep(0.2)
+
+
 def test_metrics_need_the_token(live: Path) -> None:
     r = _rendezvous(live)
     url = r["metrics_url"]
