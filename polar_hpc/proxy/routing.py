@@ -9,8 +9,8 @@ of one task) was placed before goes to the group's engine, where the task's prom
 cached, unless that engine carries more than `affinity_slack` requests over the least loaded;
 otherwise, and for a session of no group, it goes to the least loaded engine (ties: the order of
 `urls`), as does a call of no session (`session_id` "": the proxy's own look-ups). Where a new
-session's call is tried becomes its group's engine at once, so that samples of a task that start
-together go together (the last `MAX_GROUPS` groups are kept).
+session's call is tried is its engine, and its group's, at once, so that samples of a task that
+start together go together (the last `MAX_GROUPS` groups are kept).
 
 An engine's load is its own count of requests running and queued, read from its `/metrics`
 (`engines.gauges`) every `poll_s` (0: never; one read per engine at a time, at most `gauges.MAX_BYTES`,
@@ -180,9 +180,10 @@ class Router:
         self.placed[how] += 1
         return engine if how == "group" and engine is not None else up[0]
 
-    def _joined(self, session_id: str, url: str) -> None:
-        """The session's group is now on `url` (at its first try, so that the samples of a group
-        that start together go together)."""
+    def _bind(self, session_id: str, url: str) -> None:
+        """The session, and its group, are on `url` from the try of its call on (so that the samples
+        of a group that start together go together)."""
+        self._sticky[session_id] = url
         group = self._group_of.get(session_id)
         if group is not None:
             self._groups[group] = url
@@ -205,8 +206,8 @@ class Router:
             client = self._clients.get(url)
             if client is None:
                 continue
-            if session_id not in self._sticky:
-                self._joined(session_id, url)
+            if session_id:
+                self._bind(session_id, url)
             self._load[url] += 1
             t0 = time.perf_counter()
             try:
@@ -222,7 +223,6 @@ class Router:
                 metrics.engine_time(t0)
                 if url in self._load:
                     self._load[url] -= 1
-            self._sticky[session_id] = url
             return result, retried
         if last is None:  # every engine left while the call waited for its turn
             raise EngineError(NO_ENGINE, "no engine is serving; retry later")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -176,3 +177,38 @@ def test_a_cancelled_stream_drops_its_connection():
         return len(client._idle)
 
     assert run(go) == 0
+
+
+def test_get_text_reads_at_most_its_bound():
+    """A body past the bound is cut there and its connection dropped; a whole one keeps it; a 404 is
+    an EngineError."""
+    replies = {b"/big": b"200 OK", b"/small": b"200 OK", b"/gone": b"404 Not Found"}
+    bodies = {b"/big": b"x" * 300_000, b"/small": b"small", b"/gone": b"not found"}
+
+    async def answer(reader, writer):
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):  # the client hung up
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                path = head.split()[1]
+                writer.write(b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n%s"
+                             % (replies[path], len(bodies[path]), bodies[path]))
+                await writer.drain()
+
+    async def go():
+        server, url = await _raw_server(answer)
+        client = EngineClient(url)
+        try:
+            cut = await client.get_text("/big", 100_000)
+            dropped = not client._idle
+            small = await client.get_text("/small", 100_000)
+            kept = len(client._idle)
+            with pytest.raises(EngineError) as e:
+                await client.get_text("/gone", 100_000)
+            return cut, dropped, small, kept, e.value
+        finally:
+            await client.close()
+            server.close()
+
+    cut, dropped, small, kept, error = run(go)
+    assert cut == "x" * 100_000 and dropped
+    assert small == "small" and kept == 1
+    assert error.status == 502 and "HTTP 404" in error.message
