@@ -29,21 +29,26 @@ _NAMES = {
     "sglang:cache_hit_rate": "cache_hit_rate",
 }
 _MEAN = {"cache_hit_rate"}
-_SAMPLE = re.compile(r"^(%s)(?:\{[^\n]*?\})?[ \t]+([^ \t\n]+)" % "|".join(map(re.escape, _NAMES)), re.M)
+_VALUE = re.compile(r"(?:\{[^\n]*?\})?[ \t]+([^ \t\n]+)")  # after a name: its labels, its value
 
 
 def read(text: str) -> dict[str, float]:
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for match in _SAMPLE.finditer(text):
-        try:
-            value = float(match[2])
-        except ValueError:
-            continue
-        if math.isfinite(value):
-            figure = _NAMES[match[1]]
-            sums[figure] = sums.get(figure, 0.0) + value
-            counts[figure] = counts.get(figure, 0) + 1
+    for name, figure in _NAMES.items():  # str.find skips the other lines (most of them) at C speed
+        at = text.find(name)
+        while at >= 0:
+            end = at + len(name)
+            value = _VALUE.match(text, end) if at == 0 or text[at - 1] == "\n" else None
+            if value is not None:
+                try:
+                    number = float(value[1])
+                except ValueError:
+                    number = math.nan
+                if math.isfinite(number):
+                    sums[figure] = sums.get(figure, 0.0) + number
+                    counts[figure] = counts.get(figure, 0) + 1
+            at = text.find(name, end)
     return {f: v / counts[f] if f in _MEAN else v for f, v in sums.items()}
 
 
