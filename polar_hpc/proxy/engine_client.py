@@ -4,7 +4,8 @@
 It keeps a pool of idle keep-alive connections (as many as calls were in flight at once); a call
 takes one or opens one (`connect_timeout_s`), and gives it back once the answer was read whole.
 Answers may be framed by Content-Length, chunked, or end with the connection. A pooled
-connection the engine closed meanwhile is replaced by a fresh one, once, before anything was read.
+connection the engine closed or reset meanwhile is replaced by a fresh one, once, before anything
+was read.
 
 `get_json(path)` GETs and `post_json(path, body)` POSTs JSON to `base_url + path` and return the
 decoded JSON object, or raise `EngineError`: `status` 400 when the engine rejected the request
@@ -231,6 +232,9 @@ class EngineClient:
         while True:
             reused = bool(self._idle)
             conn = self._idle.pop() if reused else await self._connect()
+            if reused and conn.writer.is_closing():  # the engine reset it while idle (uvloop: writing raises)
+                conn.close()
+                continue
             try:
                 conn.writer.write(head + payload)
                 await conn.answer()

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+import uvloop
 
 from polar_hpc.proxy.engine_client import EngineClient, EngineError
 
@@ -122,6 +126,31 @@ def test_a_pooled_connection_the_engine_closed_is_replaced():
 
     assert run(go) == ({"n": 1}, {"n": 1})
     assert len(served) == 2
+
+
+def test_a_pooled_connection_the_engine_reset_is_replaced():
+    """Under uvloop (the proxy's loop), writing to a reset transport raises: the client must not."""
+    async def answer(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    async def go():
+        server, url = await _raw_server(answer)  # it closes each connection after one answer: a reset
+        client = EngineClient(url)
+        try:
+            first = await client.get_text("/m", 100)
+            deadline = time.monotonic() + 10
+            while not client._idle[0].writer.is_closing():  # the reset has reached the pooled connection
+                assert time.monotonic() < deadline, "the reset never arrived"
+                await asyncio.sleep(0.01)
+            return first, await client.get_text("/m", 100)
+        finally:
+            await client.close()
+            server.close()
+
+    assert uvloop.run(go()) == ("ok", "ok")
 
 
 @pytest.mark.parametrize("reply, words", [
