@@ -5,10 +5,10 @@ name says which role keeps it (`polar_proxy_*`, `polar_gateway_*`); the orchestr
 figures and the engines' are in `observe.live`. `Meter(role, process)` holds the families of one
 role in its own registry; `snapshot()` is them as one `wire.Metrics`. The proxy's meter
 (`ProxyMeter`) counts calls by API and capture mode, tokens captured (prompt, sampled), errors by
-kind and chain breaks, new sessions by how the router placed them, each engine's requests and
-prefix-cache hit rate as the router last read them (`engines(router)`, before each snapshot), and
-times each call: `start_call()` opens a per-call clock (a context
-variable, so it follows the call's task), `engine_time(t0)` adds the time since `t0` spent waiting
+kind and chain breaks, new sessions by how the router placed them and each engine's requests and
+prefix-cache hit rate as the router last read them (`engines(placed, readings)`, before each
+snapshot), and times each call: `start_call()` opens a per-call clock (a context variable, so it
+follows the call's task), `engine_time(t0)` adds the time since `t0` spent waiting
 on an engine (every attempt), and `call_timings(meta, t_start, t_end)` writes `engine_ms` and
 `proxy_ms` (the call's time less the engine's) into the CallRecord's meta, metrics on or off. The
 gateway's (`GatewayMeter`) watches the messages it sends the orchestrator: sessions by stage and
