@@ -105,11 +105,12 @@ def shown_dirs() -> tuple[str, ...]:
     """Folders bound back read-only where they live under a cover (/tmp, /root, /home, a checkout):
     those holding this interpreter, its virtualenv and the PATH entries, each the folder itself and
     not the one around it (a checkout around a virtualenv stays covered; an npm `.bin` comes with
-    the node_modules its links point into); none inside another,
+    the node_modules its links point into; a version manager's shims come with the root they
+    exec into: `_manager_root`); none inside another,
     which shows it already: each bind costs bwrap a fraction of a ms. Found once per process
     (realpath of every PATH entry: milliseconds, before every command otherwise)."""
     wanted = [sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)]
-    shown = {str(_packages(real)) for path in filter(os.path.isabs, wanted)
+    shown = {str(_manager_root(_packages(real))) for path in filter(os.path.isabs, wanted)
              if (real := Path(os.path.realpath(path))).is_dir()}
     return _outermost(shown - {"/"})
 
@@ -117,6 +118,18 @@ def shown_dirs() -> tuple[str, ...]:
 def _packages(folder: Path) -> Path:
     """npm's `node_modules/.bin` holds links into the packages beside it: its node_modules is shown."""
     return folder.parent if folder.name == ".bin" and folder.parent.name == "node_modules" else folder
+
+
+def _manager_root(folder: Path) -> Path:
+    """A version manager's folder (pyenv's `shims/`, `bin/`, a plugin's shims; rbenv's, nodenv's)
+    holds scripts that exec ROOT/libexec/NAME, which reads ROOT's version file and runs the program
+    from ROOT/versions/: a folder inside such a ROOT (a folder NAME or .NAME, NAME ending in `env`,
+    holding libexec/NAME) shows the whole ROOT, and nothing around it (not the home folder)."""
+    for parent in reversed(folder.parents):  # the outermost first: a plugin inside pyenv's root is pyenv's
+        name = parent.name.removeprefix(".")
+        if name.endswith("env") and (parent / "libexec" / name).is_file():
+            return parent
+    return folder
 
 
 def _outermost(folders: set[str]) -> tuple[str, ...]:
