@@ -4,10 +4,11 @@ daemon) is still there for the tests, where each command's processes would die w
 one PID and network namespace per command).
 
 `Held(sandbox)` uses the folder the sandbox mounts at GATE, holding two FIFOs the gateway made.
-`await start(command, env, timeout_s) -> ExecResult`: runs `( command ); echo $? > GATE/done;
-read _ < GATE/go && exec /bin/sh GATE/run.sh` as one sandbox command and returns once the harness's
-part has ended (its exit status read from `done`, at most 16 bytes; no output yet) or the whole
-command did (killed at a limit); TimeoutError after `timeout_s`, the command killed.
+`await start(command, env, timeout_s, hold_s, cwd, user) -> ExecResult`: runs `( command ); echo $?
+> GATE/done; read _ < GATE/go && exec /bin/sh GATE/run.sh` as one sandbox command (in `cwd`, as
+`user`: the tests start there too, as that user) and returns once the harness's part has ended
+(its exit status read from `done`, at most 16 bytes; no output yet) or the whole command did
+(killed at a limit); TimeoutError after `timeout_s`, the command killed.
 `await run(command, env, timeout_s) -> ExecResult`: writes run.sh (the variables exported, then
 `command`), says `go` and waits for the held command to end: its output is the harness's and then
 the tests', its exit status the tests'; `timed_out` after `timeout_s`, the command killed.
@@ -36,7 +37,8 @@ class Held:
         self.folder = sandbox.mounts[GATE]
         self._task: asyncio.Task[ExecResult] | None = None
 
-    async def start(self, command: str, env: dict[str, str], timeout_s: float, hold_s: float) -> ExecResult:
+    async def start(self, command: str, env: dict[str, str], timeout_s: float, hold_s: float,
+                    cwd: str | None = None, user: str | None = None) -> ExecResult:
         """The harness's result; the command may live `hold_s` more for its tests."""
         for name in ("done", "go"):
             os.mkfifo(self.folder / name, 0o600)
@@ -46,7 +48,7 @@ class Held:
         loop, said = asyncio.get_running_loop(), asyncio.Event()
         loop.add_reader(done, said.set)
         try:
-            self._task = asyncio.create_task(self.sandbox.exec(wrapped, env, timeout_s + hold_s))
+            self._task = asyncio.create_task(self.sandbox.exec(wrapped, env, timeout_s + hold_s, cwd=cwd, user=user))
             waiter = asyncio.create_task(said.wait())
             finished, _ = await asyncio.wait({self._task, waiter}, timeout=timeout_s,
                                              return_when=asyncio.FIRST_COMPLETED)

@@ -186,8 +186,7 @@ class BwrapSandbox(RunsAs):
         self.layer = Layer(self.root, rootfs) if rootfs else None
         self.side_by_side = self.layer is None  # two overlay mounts of one upper folder would corrupt it
         self.config = ImageConfig.of(rootfs) if rootfs else ImageConfig()
-        self.workdir = self.config.workdir  # the image's WorkingDir (made in the layer), or None
-        self.cwd: str | None = None  # where commands start in an image (e.g. `workdir`); None: the workspace
+        self.workdir = (self.config.workdir or "/") if rootfs else None  # made in the layer where the image sets one
 
     @property
     def user_namespace(self) -> bool:  # an image's commands run in one, whoever the gateway is
@@ -218,11 +217,12 @@ class BwrapSandbox(RunsAs):
             args[0:1] = ["python3", "-B"]  # the image's; no .pyc written to the session's layer
         return args
 
-    def _process(self, command: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    def _process(self, command: str, env: dict[str, str], cwd: str | None = None,
+                 user: str | None = None) -> tuple[list[str], dict[str, str]]:
         tools = None if self.rootfs else host_tools()
         variables = self._command_environment(env)
         if tools is None or not all(_RESTORABLE.fullmatch(k) and k not in _READ_ONLY for k in variables):
-            return super()._process(command, env)  # inside.py for all of it
+            return super()._process(command, env, cwd, user)  # inside.py for all of it
         options = [o for o in self._launch_options() if o != "--prefixed-env"]  # inside.py's: flag, value pairs
         given = dict(zip(options[::2], options[1::2]))  # the same bounds, set by the host's tools instead
         bounds = [f"{f}={given[f]}:{given[f]}" for f in ("--nproc", "--as") if f in given]  # the file size: below
@@ -242,7 +242,7 @@ class BwrapSandbox(RunsAs):
                    + " ".join(f'{k}="${ENV_PREFIX}{k}"' for k in names)
                    + "; unset " + " ".join(ENV_PREFIX + k for k in names) + "; ")
         chain += ["/bin/sh", "-c", restore + command, "/bin/sh"]
-        return self._joined(self._wrap(chain)), _prefixed(variables)
+        return self._joined(self._wrap(chain, cwd, user)), _prefixed(variables)
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         return _prefixed(self._command_environment(env))
@@ -252,14 +252,16 @@ class BwrapSandbox(RunsAs):
             return super()._environment({"PATH": IMAGE_PATH} | self.config.env | env) | {"TMPDIR": "/tmp"}
         return super()._environment(env) | {"TMPDIR": "/tmp"}
 
-    def _wrap(self, argv: list[str]) -> list[str]:
+    def _wrap(self, argv: list[str], cwd: str | None = None, user: str | None = None) -> list[str]:
         if self.rootfs:
-            return self._image_wrap(argv)
+            return self._image_wrap(argv, cwd, user)
+        if user is not None:
+            raise ValueError(f"user {user!r}: only a sandbox of an image runs a command as one of its users")
         ws = str(self.workspace)
         args = ["bwrap", *self._host_root()]
         args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
         args += ["--perms", "0755", "--dir", "/run/polar", "--ro-bind", str(INSIDE), self.inside]
-        args += _traversable(ws) + ["--bind", ws, ws, "--chdir", ws]
+        args += _traversable(ws) + ["--bind", ws, ws, "--chdir", cwd or ws]
         for path, folder in self.mounts.items():
             args += _traversable(path) + ["--bind", str(folder), path]
         if self.privileged:
@@ -274,11 +276,12 @@ class BwrapSandbox(RunsAs):
             args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
         return args + (["--remount-ro", "/"] if self.mounts else []) + ["--"] + argv
 
-    def _image_wrap(self, argv: list[str]) -> list[str]:
+    def _image_wrap(self, argv: list[str], cwd: str | None, user: str | None) -> list[str]:
         """The image under the session's layer as /, the same /dev, /proc, /tmp, /run/polar and
         workspace; bwrap finds its sources on the layer's stage (layer.py), runs in its own user
-        namespace as the image's User (root: a container's default capabilities, only there; its
-        bounding set cut to them; another uid: none) and in its own other namespaces."""
+        namespace as `user` or else the image's User (root: a container's default capabilities,
+        only there; its bounding set cut to them; another uid: none) and in its own other
+        namespaces, in `cwd` (else the workspace)."""
         assert self.layer is not None and self.rootfs is not None
         ws, stage = str(self.workspace), STAGE
         binds = {"ws": self.workspace, "tmp": self.tmp, "shm": self.shm, "inside.py": INSIDE}
@@ -290,14 +293,14 @@ class BwrapSandbox(RunsAs):
                 "--bind", f"{stage}/shm", "/dev/shm", "--remount-ro", "/dev",
                 "--perms", "0755", "--dir", "/run/polar", "--ro-bind", f"{stage}/inside.py", self.inside]
         args += _traversable(ws) + ["--bind", f"{stage}/ws", ws]
-        args += ["--dir", self.workdir] if self.workdir else []
-        args += ["--chdir", self.cwd or ws]
+        args += ["--dir", self.config.workdir] if self.config.workdir else []
+        args += ["--chdir", cwd or ws]
         if self.relayed:
             args += ["--bind", f"{stage}/proxy.sock", self.proxy_socket_inside]
         for i, (path, folder) in enumerate(self.mounts.items()):
             binds[f"mount{i}"] = folder
             args += _traversable(path) + ["--bind", f"{stage}/mount{i}", path]
-        uid, gid = user_ids(self.rootfs, self.config.user)
+        uid, gid = user_ids(self.rootfs, self.config.user) if user is None else user_ids(self.rootfs, user, known=True)
         args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--unshare-ipc", "--unshare-pid",
                  "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
         args += [a for cap in (ROOT_CAPS if uid == 0 else ()) for a in ("--cap-add", cap)]
