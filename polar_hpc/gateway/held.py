@@ -36,6 +36,7 @@ class Held:
         self.sandbox = sandbox
         self.folder = sandbox.mounts[GATE]
         self._task: asyncio.Task[ExecResult] | None = None
+        self._fifos: list[int] = []  # done and go, held open until close(): see _fifo
 
     async def start(self, command: str, env: dict[str, str], timeout_s: float, hold_s: float,
                     cwd: str | None = None, user: str | None = None) -> ExecResult:
@@ -44,7 +45,7 @@ class Held:
             os.mkfifo(self.folder / name, 0o600)
         gate = shlex.quote(self.sandbox.seen_at(GATE))
         wrapped = f"(\n{command}\n); echo $? > {gate}/done; read _ < {gate}/go && exec /bin/sh {gate}/run.sh"
-        done = _fifo(self.folder / "done")  # never at EOF: the gateway holds it open for writing too
+        done = self._open("done")  # never at EOF: the gateway holds it open for writing too
         loop, said = asyncio.get_running_loop(), asyncio.Event()
         loop.add_reader(done, said.set)
         try:
@@ -61,18 +62,13 @@ class Held:
             status = os.read(done, _STATUS_MAX).decode(errors="replace").strip()
         finally:
             loop.remove_reader(done)
-            os.close(done)
         return ExecResult(int(status) if status.isdigit() else -1, b"", b"", False)
 
     async def run(self, command: str, env: dict[str, str], timeout_s: float) -> ExecResult:
         assert self._task is not None, "start() first"
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
         await files.run(lambda: files.write(self.folder, "run.sh", (exports + command + "\n").encode()), None)
-        go = _fifo(self.folder / "go")
-        try:
-            os.write(go, b"go\n")
-        finally:
-            os.close(go)
+        os.write(self._open("go"), b"go\n")  # read by the held shell, even one that opens `go` only later
         try:
             return await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
         except TimeoutError:
@@ -84,6 +80,17 @@ class Held:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        while self._fifos:
+            os.close(self._fifos.pop())
+
+    def _open(self, name: str) -> int:
+        """The gate's FIFO `name`, held open (read-write) until close(): a FIFO that no process
+        holds open drops what was written to it, so a word said before the held shell opens it
+        would be lost (the shell then waits forever), and the shell's second `echo > done` (after
+        one from inside) would wait for a reader."""
+        fd = _fifo(self.folder / name)
+        self._fifos.append(fd)
+        return fd
 
 
 def _fifo(path: Path) -> int:
