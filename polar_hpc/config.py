@@ -186,6 +186,9 @@ def _env_name(name: str) -> str:
 
 _Text = Annotated[str, pydantic.AfterValidator(_no_nul)]
 _EnvName = Annotated[str, pydantic.AfterValidator(_env_name)]
+# a user in a task's image, as `docker exec -u` takes it: NAME, UID, NAME:GROUP or UID:GID
+ImageUser = Annotated[str, pydantic.StringConstraints(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]*)?$",
+                                                      max_length=256)]
 
 
 class HarnessSpec(_Model):
@@ -223,6 +226,10 @@ class TaskSandbox(_Model):
     cpus: float | None = Field(None, gt=0, le=4096)
     memory_mb: int | None = Field(None, ge=1, le=MAX_MB)
     storage_mb: int | None = Field(None, ge=1, le=MAX_MB)
+    # where the harness (and tests evaluator) start: the session's workspace, or, as in the task's
+    # container (Harbor), the image's WorkingDir ("/" where it has none; the workspace without an image)
+    cwd: Literal["workspace", "image"] = "workspace"
+    user: ImageUser | None = None  # the harness's user in the image (Harbor's [agent] user); None: the image's User
 
 
 _DEFAULT_SANDBOX = TaskSandbox()
@@ -263,6 +270,7 @@ class TestsEvaluator(_Model):
     env: dict[_EnvName, _Text] = {}
     sandbox: Literal["session", "fresh"] = "session"
     reward: Literal["file", "exit_code"] = "file"
+    user: ImageUser | None = None  # the tests' user in the image (Harbor's [verifier] user); None: the image's User
 
 
 class SwebenchEvaluator(_Model):

@@ -31,6 +31,11 @@ only then. A reward file missing or malformed ends the session `error` with the 
 reward.json goes to the
 metadata's `rewards`. `evaluation_timings` holds capture_s, apply_s, tests_s (+ fresh_start_s).
 A task's `sandbox.storage_mb` lowers the sandbox's disk limit, `memory_mb` bounds its memory.
+A task whose `sandbox.cwd` is "image" (Harbor's) has its harness and its tests start in the
+image's WorkingDir (`Sandbox.workdir`) as its container's would, where the sandbox runs an image;
+the harness runs as `sandbox.user` and tests in a fresh sandbox as the evaluator's `user` (in the
+held command they are the harness's: one user is mapped; suites refuse a task whose two differ).
+The gateway's own steps (git, config files) work in the workspace.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import functools
 import logging
 import secrets
 import time
@@ -198,12 +204,13 @@ class Pipeline:
             proxy_url = sandbox.proxy_url(self.proxy.url)
             solution_at = sandbox.seen_at("/solution") if "/solution" in sandbox.mounts else None
             command, env = presets.launch(task, proxy_url, token, sid, sandbox.workspace, solution_at)
+            at = {"cwd": _cwd(task, sandbox), "user": task.sandbox.user}
             if GATE in sandbox.mounts:  # the tests will run in this command's sandbox, left as it is
                 outcome.held = Held(sandbox)
                 hold = diffs.GIT_TIMEOUT_S + task.evaluator.timeout_s + EVALUATION_SLACK_S
-                result = await outcome.held.start(command, env, spec.deadline - time.time(), hold)
+                result = await outcome.held.start(command, env, spec.deadline - time.time(), hold, **at)
             else:
-                result = await sandbox.exec(command, env, spec.deadline - time.time())
+                result = await sandbox.exec(command, env, spec.deadline - time.time(), **at)
             outcome.marks["WAIT"] = time.time()  # harness ended; POSTRUN slot not yet taken
         except TimeoutError:
             outcome.status = "timeout"
@@ -302,8 +309,12 @@ class Pipeline:
             except SandboxError as e:
                 metadata["evaluation"] = f"fresh evaluator sandbox failed: {e}"
                 return None
-        evaluation = await evaluate(task.evaluator, box, records, outcome.diff,
-                                    outcome.held.run if outcome.held and box is session_box else None)
+        if outcome.held and box is session_box:
+            run = outcome.held.run
+        else:  # the tests' own command in a fresh sandbox: where and as whom its task's tests start
+            user = task.evaluator.user if isinstance(task.evaluator, TestsEvaluator) else None
+            run = functools.partial(box.exec, cwd=_cwd(task, box), user=user)
+        evaluation = await evaluate(task.evaluator, box, records, outcome.diff, run)
         metadata["evaluation"] = evaluation.detail
         metadata |= evaluation.metadata
         outcome.evaluation_timings |= evaluation.timings
@@ -390,6 +401,12 @@ def _mounts(task: Task) -> dict[str, str] | None:
     if not isinstance(spec, TestsEvaluator):
         return None
     return MOUNTS | ({GATE: "gate"} if spec.sandbox == "session" else {})
+
+
+def _cwd(task: Task, sandbox: Sandbox) -> str | None:
+    """Where the task's harness and tests start in `sandbox`: its image's WorkingDir for a task that
+    asks for it, else (None) the workspace."""
+    return sandbox.workdir if task.sandbox.cwd == "image" else None
 
 
 def _wants_fresh(task: Task) -> bool:

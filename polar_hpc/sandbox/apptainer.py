@@ -9,7 +9,7 @@ mount layer; a SIF on the shared filesystem is first copied once per node to nod
         --bind inside.py:/.polar/inside.py:ro
         [--net --network none --bind PROXY.sock:/run/polar/proxy.sock] [--nv] IMAGE polar-ID
 
-exec:  apptainer exec --cleanenv --no-privs [--security uid:U,gid:G] --pwd WS instance://polar-ID
+exec:  apptainer exec --cleanenv --no-privs [--security uid:U,gid:G] --pwd WS|CWD instance://polar-ID
            python3 /.polar/inside.py ... -- CMD
        (the harness's environment travels as APPTAINERENV_*; the image keeps its own PATH)
 
@@ -113,9 +113,11 @@ class ApptainerSandbox(RunsAs):
     def _unprivileged(self) -> list[str]:
         return ["--no-privs"] + (["--security", "uid:%d,gid:%d" % self.run_as] if self.privileged else [])
 
-    def _wrap(self, argv: list[str]) -> list[str]:
+    def _wrap(self, argv: list[str], cwd: str | None = None, user: str | None = None) -> list[str]:
+        if user is not None:
+            raise ValueError(f"user {user!r}: an Apptainer sandbox runs every command as the harness's own user")
         exe, ws = self.settings.executable, str(self.workspace)
-        return [exe, "exec", "--cleanenv", *self._unprivileged(), "--pwd", ws, f"instance://{self.instance}"] + argv
+        return [exe, "exec", "--cleanenv", *self._unprivileged(), "--pwd", cwd or ws, f"instance://{self.instance}"] + argv
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         inner = {"HOME": str(self.workspace), "TMPDIR": "/tmp", "LANG": "C.UTF-8"} | env

@@ -3,10 +3,15 @@
 A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root` folder.
 - `start()` makes them (and, per backend, the container instance), uploads the task's files and
   runs its prepare commands; `SandboxError` when any of that fails.
-- `exec(command, env, timeout_s, max_output)` runs `/bin/sh -c command` through a launcher
-  (limits, the drop to `run_as`, the proxy relay: `inside.py`, or host tools where bwrap.py can)
-  and kills the command's whole tree at the timeout or when it breaks a limit (`ExecResult.limit`
-  says which).
+- `exec(command, env, timeout_s, max_output, cwd=, user=)` runs `/bin/sh -c command` through a
+  launcher (limits, the drop to `run_as`, the proxy relay: `inside.py`, or host tools where bwrap.py
+  can) and kills the command's whole tree at the timeout or when it breaks a limit
+  (`ExecResult.limit` says which). It starts in the workspace, or in `cwd` (a folder as the
+  sandbox shows it: an image's `workdir`); it runs as the backend's user, or, in an image, as
+  `user` (a name, uid, `name:group`; as `docker exec -u` takes it) where given. A backend that
+  cannot honour either refuses the command (`SandboxError`).
+- `workdir`: the image's WorkingDir where the sandbox runs an image ("/" where the image sets
+  none, as a container starts there), else None.
 - `upload(src, dest)` / `download(path, dest)` copy a file or folder into / out of the workspace
   with `files.copy` (no link followed, links kept as links, FIFOs and devices skipped), in a
   thread, within what is left of the disk limit; a path that leaves the workspace (`..`, absolute,
@@ -83,6 +88,7 @@ class Sandbox:
     python_flags: tuple[str, ...] = ("-I", "-S")  # stdlib only: no site hook, no PYTHON* variable; starts faster
     inside = str(INSIDE)  # inside.py, as the sandbox sees it
     proxy_socket_inside = "/run/polar/proxy.sock"
+    workdir: str | None = None  # the image's WorkingDir ("/" when unset) where the sandbox runs an image
 
     def __init__(
         self,
@@ -171,13 +177,15 @@ class Sandbox:
             await self._copy(f"copy {src} to {path}", src, name, folder, name)
 
     async def exec(
-        self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None
+        self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None, *,
+        cwd: str | None = None, user: str | None = None,
     ) -> ExecResult:
-        """Run `command` (via /bin/sh -c) in the workspace; kill its whole tree at the timeout."""
+        """Run `command` (via /bin/sh -c) in the workspace (or `cwd`), as the image's `user` where
+        given; kill its whole tree at the timeout."""
         cap = self.limits.max_output if max_output is None else max_output
         hits = self._limit_hits()
         try:
-            argv, environment = self._process(command, env | {MARKER: self.marker})
+            argv, environment = self._process(command, env | {MARKER: self.marker}, cwd, user)
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 cwd=self.workspace,
@@ -232,13 +240,18 @@ class Sandbox:
     async def _remove(self) -> None:
         await asyncio.to_thread(shutil.rmtree, self.root, ignore_errors=True)
 
-    def _wrap(self, argv: list[str]) -> list[str]:
+    def _wrap(self, argv: list[str], cwd: str | None = None, user: str | None = None) -> list[str]:
+        """The host's command line that runs `argv` in this sandbox, in `cwd` as `user` (exec);
+        ValueError where the backend cannot."""
         raise NotImplementedError
 
-    def _process(self, command: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    def _process(self, command: str, env: dict[str, str], cwd: str | None = None,
+                 user: str | None = None) -> tuple[list[str], dict[str, str]]:
         """The host's command line and environment that run `/bin/sh -c command` with `env` in this
-        sandbox; ValueError for what cannot be launched (a bad environment name)."""
-        return self._joined(self._wrap(self._launcher(["/bin/sh", "-c", command]))), self._environment(env)
+        sandbox; ValueError for what cannot be launched (a bad environment name, a user the image
+        does not know)."""
+        argv = self._wrap(self._launcher(["/bin/sh", "-c", command]), cwd, user)
+        return self._joined(argv), self._environment(env)
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         base = {

@@ -105,11 +105,12 @@ def shown_dirs() -> tuple[str, ...]:
     """Folders bound back read-only where they live under a cover (/tmp, /root, /home, a checkout):
     those holding this interpreter, its virtualenv and the PATH entries, each the folder itself and
     not the one around it (a checkout around a virtualenv stays covered; an npm `.bin` comes with
-    the node_modules its links point into); none inside another,
+    the node_modules its links point into; a version manager's shims come with the root they
+    exec into: `_manager_root`); none inside another,
     which shows it already: each bind costs bwrap a fraction of a ms. Found once per process
     (realpath of every PATH entry: milliseconds, before every command otherwise)."""
     wanted = [sys.prefix, sys.base_prefix, *os.environ.get("PATH", "").split(os.pathsep)]
-    shown = {str(_packages(real)) for path in filter(os.path.isabs, wanted)
+    shown = {str(_manager_root(_packages(real))) for path in filter(os.path.isabs, wanted)
              if (real := Path(os.path.realpath(path))).is_dir()}
     return _outermost(shown - {"/"})
 
@@ -117,6 +118,18 @@ def shown_dirs() -> tuple[str, ...]:
 def _packages(folder: Path) -> Path:
     """npm's `node_modules/.bin` holds links into the packages beside it: its node_modules is shown."""
     return folder.parent if folder.name == ".bin" and folder.parent.name == "node_modules" else folder
+
+
+def _manager_root(folder: Path) -> Path:
+    """A version manager's folder (pyenv's `shims/`, `bin/`, a plugin's shims; rbenv's, nodenv's)
+    holds scripts that exec ROOT/libexec/NAME, which reads ROOT's version file and runs the program
+    from ROOT/versions/: a folder inside such a ROOT (a folder NAME or .NAME, NAME ending in `env`,
+    holding libexec/NAME) shows the whole ROOT, and nothing around it (not the home folder)."""
+    for parent in reversed(folder.parents):  # the outermost first: a plugin inside pyenv's root is pyenv's
+        name = parent.name.removeprefix(".")
+        if name.endswith("env") and (parent / "libexec" / name).is_file():
+            return parent
+    return folder
 
 
 def _outermost(folders: set[str]) -> tuple[str, ...]:
@@ -173,8 +186,7 @@ class BwrapSandbox(RunsAs):
         self.layer = Layer(self.root, rootfs) if rootfs else None
         self.side_by_side = self.layer is None  # two overlay mounts of one upper folder would corrupt it
         self.config = ImageConfig.of(rootfs) if rootfs else ImageConfig()
-        self.workdir = self.config.workdir  # the image's WorkingDir (made in the layer), or None
-        self.cwd: str | None = None  # where commands start in an image (e.g. `workdir`); None: the workspace
+        self.workdir = (self.config.workdir or "/") if rootfs else None  # made in the layer where the image sets one
 
     @property
     def user_namespace(self) -> bool:  # an image's commands run in one, whoever the gateway is
@@ -205,11 +217,12 @@ class BwrapSandbox(RunsAs):
             args[0:1] = ["python3", "-B"]  # the image's; no .pyc written to the session's layer
         return args
 
-    def _process(self, command: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    def _process(self, command: str, env: dict[str, str], cwd: str | None = None,
+                 user: str | None = None) -> tuple[list[str], dict[str, str]]:
         tools = None if self.rootfs else host_tools()
         variables = self._command_environment(env)
         if tools is None or not all(_RESTORABLE.fullmatch(k) and k not in _READ_ONLY for k in variables):
-            return super()._process(command, env)  # inside.py for all of it
+            return super()._process(command, env, cwd, user)  # inside.py for all of it
         options = [o for o in self._launch_options() if o != "--prefixed-env"]  # inside.py's: flag, value pairs
         given = dict(zip(options[::2], options[1::2]))  # the same bounds, set by the host's tools instead
         bounds = [f"{f}={given[f]}:{given[f]}" for f in ("--nproc", "--as") if f in given]  # the file size: below
@@ -229,7 +242,7 @@ class BwrapSandbox(RunsAs):
                    + " ".join(f'{k}="${ENV_PREFIX}{k}"' for k in names)
                    + "; unset " + " ".join(ENV_PREFIX + k for k in names) + "; ")
         chain += ["/bin/sh", "-c", restore + command, "/bin/sh"]
-        return self._joined(self._wrap(chain)), _prefixed(variables)
+        return self._joined(self._wrap(chain, cwd, user)), _prefixed(variables)
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
         return _prefixed(self._command_environment(env))
@@ -239,14 +252,16 @@ class BwrapSandbox(RunsAs):
             return super()._environment({"PATH": IMAGE_PATH} | self.config.env | env) | {"TMPDIR": "/tmp"}
         return super()._environment(env) | {"TMPDIR": "/tmp"}
 
-    def _wrap(self, argv: list[str]) -> list[str]:
+    def _wrap(self, argv: list[str], cwd: str | None = None, user: str | None = None) -> list[str]:
         if self.rootfs:
-            return self._image_wrap(argv)
+            return self._image_wrap(argv, cwd, user)
+        if user is not None:
+            raise ValueError(f"user {user!r}: only a sandbox of an image runs a command as one of its users")
         ws = str(self.workspace)
         args = ["bwrap", *self._host_root()]
         args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
         args += ["--perms", "0755", "--dir", "/run/polar", "--ro-bind", str(INSIDE), self.inside]
-        args += _traversable(ws) + ["--bind", ws, ws, "--chdir", ws]
+        args += _traversable(ws) + ["--bind", ws, ws, "--chdir", cwd or ws]
         for path, folder in self.mounts.items():
             args += _traversable(path) + ["--bind", str(folder), path]
         if self.privileged:
@@ -261,11 +276,12 @@ class BwrapSandbox(RunsAs):
             args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
         return args + (["--remount-ro", "/"] if self.mounts else []) + ["--"] + argv
 
-    def _image_wrap(self, argv: list[str]) -> list[str]:
+    def _image_wrap(self, argv: list[str], cwd: str | None, user: str | None) -> list[str]:
         """The image under the session's layer as /, the same /dev, /proc, /tmp, /run/polar and
         workspace; bwrap finds its sources on the layer's stage (layer.py), runs in its own user
-        namespace as the image's User (root: a container's default capabilities, only there; its
-        bounding set cut to them; another uid: none) and in its own other namespaces."""
+        namespace as `user` or else the image's User (root: a container's default capabilities,
+        only there; its bounding set cut to them; another uid: none) and in its own other
+        namespaces, in `cwd` (else the workspace)."""
         assert self.layer is not None and self.rootfs is not None
         ws, stage = str(self.workspace), STAGE
         binds = {"ws": self.workspace, "tmp": self.tmp, "shm": self.shm, "inside.py": INSIDE}
@@ -277,14 +293,14 @@ class BwrapSandbox(RunsAs):
                 "--bind", f"{stage}/shm", "/dev/shm", "--remount-ro", "/dev",
                 "--perms", "0755", "--dir", "/run/polar", "--ro-bind", f"{stage}/inside.py", self.inside]
         args += _traversable(ws) + ["--bind", f"{stage}/ws", ws]
-        args += ["--dir", self.workdir] if self.workdir else []
-        args += ["--chdir", self.cwd or ws]
+        args += ["--dir", self.config.workdir] if self.config.workdir else []
+        args += ["--chdir", cwd or ws]
         if self.relayed:
             args += ["--bind", f"{stage}/proxy.sock", self.proxy_socket_inside]
         for i, (path, folder) in enumerate(self.mounts.items()):
             binds[f"mount{i}"] = folder
             args += _traversable(path) + ["--bind", f"{stage}/mount{i}", path]
-        uid, gid = user_ids(self.rootfs, self.config.user)
+        uid, gid = user_ids(self.rootfs, self.config.user) if user is None else user_ids(self.rootfs, user, known=True)
         args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--unshare-ipc", "--unshare-pid",
                  "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
         args += [a for cap in (ROOT_CAPS if uid == 0 else ()) for a in ("--cap-add", cap)]

@@ -14,8 +14,10 @@ WorkingDir, User) and a per-session writable layer over the cached root filesyst
   bwrap needs, bound beside it; a root gateway then drops to `run_as` (setpriv). The mounts exist
   only in that command's namespaces; the entry is a read-only lower layer, never written.
 - `open_up(root)`: before a gateway that is not root removes a session's folder.
-- `user_ids(rootfs, user)`: the image's User as (uid, gid) inside the sandbox (a number, `N:G`, or
-  a name looked up in the image's /etc/passwd and /etc/group; unset or unknown: root).
+- `user_ids(rootfs, user, known)`: a user of the image as (uid, gid) inside the sandbox (a number,
+  `N:G`, or a name looked up in the image's /etc/passwd and /etc/group; unset or unknown: root,
+  as for the image's own User; with `known` (a task's choice: Harbor's `[agent] user`) an unknown
+  name is a ValueError, as `docker exec -u` fails).
 
 Ownership: only the caller's host uid is mapped (to root), so the image's files are root's inside
 when that uid owns them: the puller's for a gateway that is not root; a root pull gives its
@@ -72,11 +74,15 @@ class ImageConfig:
         return cls(env, workdir if workdir and "\0" not in workdir else None, user if isinstance(user, str) else "")
 
 
-def user_ids(rootfs: Path, user: str) -> tuple[int, int]:
-    """(uid, gid) of the image's User inside the sandbox; root where it is unset or not found."""
+def user_ids(rootfs: Path, user: str, known: bool = False) -> tuple[int, int]:
+    """(uid, gid) of `user` inside the sandbox; root where it is unset or not found, unless `known`
+    (then a name the image does not have is a ValueError)."""
     name, _, group = user.partition(":")
     uid = _lookup(rootfs, "etc/passwd", name, 2)
     gid = _lookup(rootfs, "etc/group", group, 2) if group else _lookup(rootfs, "etc/passwd", name, 3)
+    if known and (uid is None or (group and gid is None)):
+        missing = f"user {name!r}" if uid is None else f"group {group!r}"
+        raise ValueError(f"user {user!r}: the image has no {missing} (its /etc/passwd, /etc/group)")
     return uid if uid is not None else 0, gid if gid is not None else (uid or 0)
 
 

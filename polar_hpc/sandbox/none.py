@@ -20,5 +20,7 @@ class NoneSandbox(Sandbox):
             raise SandboxError(f"sandbox.image: {self.image}: the `none` backend runs no image (its commands would "
                                "run on the host's tree): use bwrap or apptainer")
 
-    def _wrap(self, argv: list[str]) -> list[str]:
+    def _wrap(self, argv: list[str], cwd: str | None = None, user: str | None = None) -> list[str]:
+        if cwd is not None or user is not None:  # it runs no image, whose folder or user these would be
+            raise ValueError("the none backend runs commands in the workspace as the gateway's user only")
         return argv

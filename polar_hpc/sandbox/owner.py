@@ -59,7 +59,8 @@ class RunsAs(Sandbox):
                 give(folder, *self.run_as)
 
     async def exec(
-        self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None
+        self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None, *,
+        cwd: str | None = None, user: str | None = None,
     ) -> ExecResult:
         if self.privileged:  # what the gateway put there since (uploads, a harness's config files)
             for folder in (self.workspace, *(m for m in self.mounts.values() if m.is_dir())):
@@ -67,4 +68,4 @@ class RunsAs(Sandbox):
             socket = self.proxy_socket
             if self.relayed and socket is not None and socket.exists():  # connectable; its host folder stays closed
                 socket.chmod(0o666)
-        return await super().exec(command, env, timeout_s, max_output)
+        return await super().exec(command, env, timeout_s, max_output, cwd=cwd, user=user)

@@ -88,7 +88,7 @@ def _reference(path: Path, warnings: list[str]) -> list[Task]:
     ref = validate_data(SuiteRef, data, path, line_of)
     target = path.parent / ref.suite
     if target.is_dir() and ref.image is None:
-        tasks = harbor.load(target, ref.harness, warnings)
+        tasks = harbor.load(target, ref.harness, warnings, ref.verifier_sandbox or "session")
     elif target.is_dir():
         raise ConfigError(f"{path}:{line_of(('image',))}: image: only for a SWE-bench dataset (a Harbor task names "
                           "its own)")

@@ -3,15 +3,20 @@
 `path` is one task folder (it holds task.toml) or a folder of them (every non-hidden subfolder
 is a task). A task folder holds:
 - `instruction.md`: the instruction (UTF-8, at most MAX_INSTRUCTION_BYTES);
-- `task.toml`, Harbor's schema: `[agent] timeout_sec` (the session's timeout_s), `[verifier]
-  timeout_sec` and `env` (the tests' timeout and environment), `[solution] env` (the oracle's),
+- `task.toml`, Harbor's schema: `[agent] timeout_sec` (the session's timeout_s) and `user` (the
+  harness's user in the image: `sandbox.user`), `[verifier] timeout_sec`, `env` and `user` (the
+  tests'), `[solution] env` (the oracle's),
   `[environment] docker_image` (a registry reference: the sandbox image `docker://CANONICAL`, its
   file and line kept as metadata.image_source for `image pull`), `cpus`, `memory_mb`, `storage_mb`
   (or the legacy `memory`/`storage` strings, converted as Harbor converts them: "2G" is 2048 MB),
   `env` (the harness's and the tests'), `allow_internet = false` / `network_mode = "no-network"`
   (network proxy-only: the harness reaches only its model); `[metadata]`, `[task]` and `source`
-  kept in the task's metadata. Every other key, and a value not honoured here (a user, public or
-  allowlisted network, GPUs...), is named in `warnings` (FILE:LINE: FIELD: why) and ignored;
+  kept in the task's metadata. The harness and the tests start in the image's WorkingDir
+  (`sandbox.cwd: image`), as in Harbor's container. A user that is not a name or uid, or a
+  `[verifier] user` other than `[agent] user` where the tests run in the harness's own sandbox
+  (`verifier_sandbox` session: one user is mapped there), is an error. Every other key, and a value
+  not honoured here (public or allowlisted network, GPUs, a user where the task has no image...),
+  is named in `warnings` (FILE:LINE: FIELD: why) and ignored;
   `${VAR}` / `${VAR:-default}` in env values are the host's variables, as in Harbor. A multi-step
   task (`[[steps]]`) is refused: in a folder of tasks it is left out with a warning, the others load;
 - `environment/`: a Dockerfile or `docker_image` (at least one); `environment/workspace/`, if
@@ -37,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from polar_hpc.config import (
     MAX_MB,
+    ImageUser,
     MAX_TIMEOUT_S,
     TASK_ID,
     ConfigError,
@@ -66,9 +72,19 @@ class _Section(BaseModel):
 
 class _Agent(_Section):
     timeout_sec: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)
+    user: ImageUser | None = None  # Harbor's: a name or a uid (TOML integer); None: the image's User
+
+    @pydantic.field_validator("user", mode="before")
+    @classmethod
+    def _uid(cls, value: Any) -> Any:
+        if type(value) is int:
+            if not 0 <= value < 1 << 31:
+                raise ValueError(f"{value} is not a uid")
+            return str(value)
+        return value
 
 
-class _Verifier(_Section):
+class _Verifier(_Agent):
     timeout_sec: float = Field(600.0, gt=0, le=86400)
     env: _Env = {}
 
@@ -125,21 +141,20 @@ class TaskToml(_Section):
 # task.toml keys honoured above (or harmless: the schema's version); every other one is warned about
 _HONOURED = {
     "": {"schema_version", "version", "agent", "verifier", "solution", "environment", "metadata", "task", "source"},
-    "agent": {"timeout_sec"},
-    "verifier": {"timeout_sec", "env"},
+    "agent": {"timeout_sec", "user"},
+    "verifier": {"timeout_sec", "env", "user"},
     "solution": {"env"},
     "environment": {"docker_image", "cpus", "memory_mb", "storage_mb", "memory", "storage", "env", "allow_internet",
                     "network_mode", "os"},
 }
 _WHY = {  # why a key Harbor knows is not honoured here
-    "user": "not honoured: commands run as the sandbox's user (docs/sandbox.md)",
     "network_mode": "not honoured per phase: the harness and the tests share the task's network",
     "allowed_hosts": "not honoured: no host allowlist; the network is proxy-only",
     "gpus": "not honoured: GPUs are given to a sandbox only by sandbox.gpus (Apptainer --nv)",
     "gpu_types": "not honoured", "mcp_servers": "not honoured: no MCP server is started",
     "skills_dir": "not honoured: no skills are copied", "healthcheck": "not run",
     "build_timeout_sec": "not used: Dockerfiles are built as docs/tasks.md says", "steps": "multi-step task",
-    "workdir": "not honoured: the cwd is the session's workspace",
+    "workdir": "not a Harbor key: commands start in the image's WORKDIR (its OCI WorkingDir)",
 }
 
 
@@ -147,15 +162,17 @@ def is_task(path: Path) -> bool:
     return (path / "task.toml").is_file()
 
 
-def load(path: Path, harness: HarnessSpec, warnings: list[str] | None = None) -> list[Task]:
-    """The tasks of `path`; what is ignored or left out is appended to `warnings`."""
+def load(path: Path, harness: HarnessSpec, warnings: list[str] | None = None,
+         verifier_sandbox: Literal["session", "fresh"] = "session") -> list[Task]:
+    """The tasks of `path`, verified in `verifier_sandbox`; what is ignored or left out is appended
+    to `warnings`."""
     single = is_task(path)
     folders = [path] if single else _subfolders(path)
     tasks, problems = [], [f"{p}: a symbolic link (not followed): not a task folder" for p in folders if p.is_symlink()]
     told: list[str] = []
     for folder in (f for f in folders if not f.is_symlink()):
         try:
-            task = load_task(folder, harness, told)
+            task = load_task(folder, harness, told, verifier_sandbox)
         except ConfigError as e:
             problems.append(str(e))
             continue
@@ -182,7 +199,8 @@ def _subfolders(path: Path) -> list[Path]:
     return [p for p in entries if p.is_dir()]  # links to folders too, to be refused
 
 
-def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = None) -> Task | None:
+def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = None,
+              verifier_sandbox: Literal["session", "fresh"] = "session") -> Task | None:
     """The task of `folder` (ConfigError naming every problem), or None for a multi-step task."""
     problems: list[str] = []
 
@@ -230,6 +248,12 @@ def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = N
                             "environment.docker_image")
     if harness.kind == "oracle" and solution is None and not problems:
         problems.append(f"{folder}/solution/solve.sh: missing, and `harness: oracle` runs it")
+    users = (toml.agent.user, toml.verifier.user) if toml is not None and image else (None, None)
+    if verifier_sandbox == "session" and users[0] != users[1]:
+        problems.append(f"{folder / 'task.toml'}:{_toml_line(toml_text, ('verifier', 'user'))}: verifier.user: "
+                        f"{users[1] or 'the image User'} differs from agent.user ({users[0] or 'the image User'}): "
+                        "the tests run in the harness's own sandbox, where one user is mapped; not supported "
+                        "(a suite file's `verifier_sandbox: fresh` runs them in a sandbox of their own)")
     if problems:
         raise ConfigError("\n".join(problems))
     assert toml is not None, "_task_toml returns None only after adding a problem"
@@ -241,9 +265,9 @@ def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = N
             id=folder.name, instruction=instruction, timeout_s=toml.agent.timeout_sec or 600.0,
             harness=harness.model_copy(update={"env": task_env | harness.env}) if task_env else harness,
             sandbox=TaskSandbox(image=image, files=files, cpus=box.cpus, memory_mb=box.memory_mb,
-                                storage_mb=box.storage_mb, **network),
+                                storage_mb=box.storage_mb, cwd="image", user=users[0], **network),
             evaluator=TestsEvaluator(kind="tests", dir=tests, timeout_s=toml.verifier.timeout_sec,
-                                     env=task_env | resolved["verifier"]),
+                                     env=task_env | resolved["verifier"], sandbox=verifier_sandbox, user=users[1]),
             solution=TaskSolution(dir=solution, env=task_env | resolved["solution"]) if solution else None,
             metadata={"suite": "harbor", "task_dir": str(folder.absolute())} | (
                 {"harbor": toml.metadata} if toml.metadata else {}) | ({"image_source": image_source} if image else {})
@@ -363,6 +387,11 @@ def _unhonoured(path: Path, text: str) -> list[str]:
         key = "network_mode" if "network_mode" in box else "allow_internet"
         warn(("environment", key), "not granted: the sandbox's network is proxy-only (the harness reaches only its "
                                    "model); a suite file's `network: host` grants the host's network")
+    for section in ("agent", "verifier"):
+        table = data.get(section)
+        if isinstance(table, dict) and "user" in table and not box.get("docker_image"):
+            warn((section, "user"), "not honoured: the task has no docker_image (Dockerfile only: not built), so "
+                                    "its commands run on the host's tree as the sandbox's own user")
     if box.get("os") not in (None, "linux"):
         warn(("environment", "os"), f"{box['os']!r}: only Linux tasks run here")
     return found

@@ -59,3 +59,15 @@ def test_a_gate_swapped_for_a_link_is_refused(tmp_path: Path) -> None:
     with pytest.raises(files.FileError, match="not the FIFO the gateway made"):
         asyncio.run(_held(tmp_path / "sb", swap, "true"))
     assert victim.read_text() == "untouched\n"
+
+
+def test_the_word_to_go_waits_for_a_shell_that_reads_it_late(tmp_path: Path) -> None:
+    """A harness that writes its own status to `done` and works on gets its tests said `go` before
+    its shell reaches `read < go` (the shell's own `echo > done` comes first): the gateway holds
+    both FIFOs open until the end, so neither that write waits for a reader nor the word is lost
+    (a FIFO no process holds drops what was written to it), and the tests run once it is done."""
+    early = f"echo 0 > {GATE}/done; sleep 2; echo harness-done"
+    first, tests, _ = asyncio.run(_held(tmp_path / "sb", early, "echo tests-ran; exit 4"))
+    assert (first.returncode, first.timed_out) == (0, False)
+    assert (tests.returncode, tests.timed_out) == (4, False), tests
+    assert tests.stdout.decode() == "harness-done\ntests-ran\n"

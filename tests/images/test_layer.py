@@ -37,11 +37,11 @@ def entry(folder: Path, config: dict) -> Path:
     return root
 
 
-def run(sb: BwrapSandbox, *commands: str):
+def run(sb: BwrapSandbox, *commands: str, **at: str | None):
     async def go():
         await sb.start()
         try:
-            return [await sb.exec(c, {"TASK": "task's"}, 120) for c in commands]
+            return [await sb.exec(c, {"TASK": "task's"}, 120, **at) for c in commands]
         finally:
             assert await sb.stop()
     return asyncio.run(go())
@@ -50,13 +50,13 @@ def run(sb: BwrapSandbox, *commands: str):
 def test_root_in_the_image_workdir_env_and_a_layer_that_never_reaches_the_cache(tmp_path: Path) -> None:
     root = entry(tmp_path, {"Env": ["PATH=/usr/bin:/bin", "GREETING=image's", "TASK=image's"], "WorkingDir": "/app"})
     sb = BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root))
-    sb.cwd = sb.workdir  # as a Harbor task's harness and tests run
-    first, second = run(
+    assert sb.workdir == "/app"
+    first, second = run(  # in the WorkingDir, as a Harbor task's harness and tests run
         sb,
         'id -u; pwd; echo "$GREETING $TASK"; echo agent >> data.txt; mkdir -p /usr/local/share/x; '
         "echo installed > /usr/local/share/x/f; touch /etc/written; cat /proc/self/status | grep CapEff",
         "cat /app/data.txt /usr/local/share/x/f; ls /etc/written; "
-        "python3 -c 'import os; print(os.stat(\"/usr/local/share/x/f\").st_uid)'")
+        "python3 -c 'import os; print(os.stat(\"/usr/local/share/x/f\").st_uid)'", cwd=sb.workdir)
     out = first.stdout.decode().splitlines()
     assert first.returncode == 0, first.stderr
     assert out[:3] == ["0", "/app", "image's task's"], out  # root, the WorkingDir, the task's Env over the image's
@@ -87,6 +87,30 @@ def test_the_image_user_runs_without_capabilities(tmp_path: Path) -> None:
     [r] = run(BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root)),
               "id -u; grep CapEff /proc/self/status")
     assert r.stdout.decode().split() == ["1000", "CapEff:", "0000000000000000"], (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize(("user", "expected"), [("svc", ["1000", "1000", "0000000000000000"]),
+                                                ("1000:0", ["1000", "0", "0000000000000000"]),
+                                                ("root", ["0", "0"]), ("0", ["0", "0"])])
+def test_a_command_runs_as_the_user_its_task_names_in_the_images_workdir(
+        tmp_path: Path, user: str, expected: list[str]) -> None:
+    """Harbor's [agent] / [verifier] user over the image's User ("svc"), as `docker exec -u` takes
+    it; without a WorkingDir a command starts at /, as a container does."""
+    root = entry(tmp_path, {"User": "svc"})
+    sb = BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root))
+    assert sb.workdir == "/"
+    [r] = run(sb, "id -u; id -g; pwd; grep CapEff /proc/self/status", cwd=sb.workdir, user=user)
+    out = r.stdout.decode().split()
+    assert r.returncode == 0 and out[:2] == expected[:2] and out[2] == "/", (out, r.stderr)
+    assert (out[4] == "0000000000000000") == (expected[0] != "0"), out  # root has its namespace's capabilities
+
+
+def test_a_user_the_image_does_not_have_is_refused(tmp_path: Path) -> None:
+    root = entry(tmp_path, {})
+    sb = BwrapSandbox(tmp_path / "sb", {}, [], "none", image=str(root))
+    for user, missing in (("agent", "user 'agent'"), ("svc:staff", "group 'staff'")):
+        with pytest.raises(SandboxError, match=f"the image has no {missing}"):
+            run(sb, "true", user=user)
 
 
 def test_writes_to_the_layer_count_in_the_disk_limit(tmp_path: Path) -> None:

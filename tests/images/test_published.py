@@ -24,38 +24,50 @@ from sandbox.bwrap_required import needs_bwrap
 
 pytestmark = [needs_tools, needs_bwrap, pytest.mark.timeout(400)]
 PUBLISHED = "debian:bookworm-slim"
+IMAGE_PATH = "/usr/local/bin:/usr/bin:/bin"
 TEST_SH = """[ "$(id -u)" = 0 ] || { echo "not root"; exit 1; }
 mkdir -p /usr/local/share/verifier && touch /usr/local/share/verifier/ran || exit 1
 if [ "$(head -n1 /app/data.txt)" = "copied into /app" ] && [ "$APP_MODE" = image-env ] \\
-   && [ "$(cat "$HOME/answer.txt")" = 42 ]; then
-  echo 1 > "$POLAR_LOGS_DIR/reward.txt"
+   && [ "$(pwd)" = /app ] && [ "$PATH" = %s ] && [ "$(cat answer.txt)" = 42 ]; then
+  echo 1 > /logs/verifier/reward.txt
 else
-  echo 0 > "$POLAR_LOGS_DIR/reward.txt"
+  echo 0 > /logs/verifier/reward.txt
+fi
+""" % IMAGE_PATH
+SOLVE = '[ "$(pwd)" = /app ] && echo 42 > answer.txt; echo agent >> /app/data.txt\n'
+SVC_TEST_SH = """if [ "$(id -u)" = 1000 ] && [ "$(cat /app/by-svc.txt)" = 1000 ] && [ "$(pwd)" = /app ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
 fi
 """
+SVC = ("user = 1000\n", "[verifier]\nuser = 1000\n")  # under [agent], and after it: Harbor's uid form
 
 
 def _push_published(registry: Registry, folder: Path) -> None:
     """The image under the name the mirror serves for docker.io/library/debian:bookworm-slim."""
-    rootfs.build(folder / "root", {"app/data.txt": "copied into /app\n"})
+    passwd = "root:x:0:0::/root:/bin/sh\nsvc:x:1000:1000::/home/svc:/bin/sh\n"
+    rootfs.build(folder / "root", {"app/data.txt": "copied into /app\n", "etc/passwd": passwd})
+    (folder / "root" / "app").chmod(0o777)  # svc may write there, as a Dockerfile's chown would let it
     layout = f"{folder / 'oci'}:1"
     for argv in (["umoci", "init", "--layout", str(folder / "oci")], ["umoci", "new", "--image", layout],
                  ["umoci", "insert", "--rootless", "--image", layout, str(folder / "root"), "/"],
                  ["umoci", "config", "--image", layout, "--config.workingdir", "/app",
-                  "--config.env", "APP_MODE=image-env", "--config.env", "PATH=/usr/local/bin:/usr/bin:/bin"]):
+                  "--config.env", "APP_MODE=image-env", "--config.env", f"PATH={IMAGE_PATH}"]):
         subprocess.run(argv, check=True, capture_output=True)
     subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}",
                     f"docker://{registry.address}/library/{PUBLISHED}"], check=True, capture_output=True)
 
 
-def _task(folder: Path, image: str, solve: str) -> Path:
+def _task(folder: Path, image: str, solve: str, test_sh: str = TEST_SH, toml: tuple[str, str] = ("", "")) -> Path:
     folder.mkdir(parents=True)
-    (folder / "instruction.md").write_text("Write 42 to answer.txt in your home folder.\n")
-    (folder / "task.toml").write_text(f'[agent]\ntimeout_sec = 120\n\n[environment]\ndocker_image = "{image}"\n')
+    (folder / "instruction.md").write_text("Write 42 to answer.txt in /app.\n")
+    (folder / "task.toml").write_text(f'[agent]\ntimeout_sec = 120\n{toml[0]}\n[environment]\n'
+                                      f'docker_image = "{image}"\n\n{toml[1]}')
     (folder / "solution").mkdir()
     (folder / "solution" / "solve.sh").write_text(solve)
     (folder / "tests").mkdir()
-    (folder / "tests" / "test.sh").write_text(TEST_SH)
+    (folder / "tests" / "test.sh").write_text(test_sh)
     return folder
 
 
@@ -67,8 +79,10 @@ def test_a_published_image_through_a_mirror_runs_as_its_container(tmp_path: Path
     cache = tmp_path / "cache"
     env = os.environ | {"POLAR_REGISTRIES_CONF": str(conf), "POLAR_IMAGE_CACHE": str(cache)}
     suite = tmp_path / "suite"
-    _task(suite / "oracle", PUBLISHED, 'echo 42 > "$HOME/answer.txt"; echo agent >> /app/data.txt\n')
+    _task(suite / "oracle", PUBLISHED, SOLVE)
     _task(suite / "noop", PUBLISHED, "true\n")
+    _task(suite / "svc-oracle", PUBLISHED, "id -u > /app/by-svc.txt\n", SVC_TEST_SH, SVC)
+    _task(suite / "svc-noop", PUBLISHED, "true\n", SVC_TEST_SH, SVC)
     pulled = polar("image", "pull", suite, env=env, timeout=300)
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     assert "docker://docker.io/library/debian:bookworm-slim" in pulled.stdout, pulled.stdout
@@ -82,7 +96,8 @@ def test_a_published_image_through_a_mirror_runs_as_its_container(tmp_path: Path
     done = trajectories(tmp_path / "run")
     rewards = {t.task_id: (t.status, t.reward) for t in done}
     why = [(t.metadata.get("error"), t.metadata.get("evaluation")) for t in done]
-    assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0)}, why
+    assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0),
+                       "svc-oracle": ("completed", 1.0), "svc-noop": ("completed", 0.0)}, why
     assert (entry / "app" / "data.txt").read_text() == "copied into /app\n"  # the agent's append stayed in its layer
     assert not (entry / "usr" / "local" / "share" / "verifier").exists()
 

@@ -87,7 +87,7 @@ def test_pull_resumes_waits_reuses_and_the_run_uses_the_image(tmp_path: Path, re
     assert run.returncode == 0, run.stdout + run.stderr
     [traj] = trajectories(tmp_path / "run")
     assert (traj.status, traj.reward) == ("completed", 1.0), traj.metadata
-    assert image.marker in traj.metadata["workspace_diff"]["data"]
+    assert traj.metadata["workspace_diff"]["bytes"] == 0  # answer.txt is /answer.txt: with no WORKDIR it starts at /
     [task] = [json.loads(line) for line in (tmp_path / "run" / "tasks.jsonl").read_text().splitlines()]
     assert (task["sandbox"]["image"], task["metadata"]["image"]["reference"]) == (str(entry), f"docker://{image.reference}")
 

@@ -60,6 +60,9 @@ def test_host_network_no_gpu_and_exec_stop_lines(tmp_path: Path) -> None:
     assert exec_argv[7:9] == ["python3", "/.polar/inside.py"]
     assert exec_argv[-4:] == ["--", "/bin/sh", "-c", "echo hi"]
     assert "--nproc" in exec_argv and "--relay" not in exec_argv
+    assert sb._wrap(["true"], cwd="/app")[4:6] == ["--pwd", "/app"]  # a command's cwd
+    with pytest.raises(ValueError, match="runs every command as the harness's own user"):
+        sb._wrap(["true"], user="root")  # no user of the image can be chosen (no --fakeroot yet)
     assert sb.instance_stop_argv() == ["apptainer", "instance", "stop", "--force", sb.instance]
     harbor = ApptainerSandbox(tmp_path / "h", {}, [], "host", settings=sb.settings, mounts={"/tests": "tests"})
     assert harbor.seen_at("/tests") == "/tests"

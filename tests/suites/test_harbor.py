@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import polar
 from e2e.helpers import trajectories
+from suites.helpers import suite_file
 
 from polar_hpc import suites
 from sandbox.bwrap_required import needs_bwrap
@@ -68,6 +69,31 @@ def test_bad_legacy_sizes_and_unset_variables_are_errors(tmp_path: Path) -> None
     result = polar("tasks", "check", task)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"{toml}:20: environment.env.GREETING: ${{POLAR_HARBOR_TEST_UNSET}} is not set" in result.stderr
+
+
+def test_agent_and_verifier_users_as_harbor_defines_them(tmp_path: Path) -> None:
+    """`[agent]` / `[verifier] user`: a name or a uid (TOML integer), the harness's and the tests'
+    user in the task's image; both start in the image's WorkingDir. A user of no such form is an
+    error, and so are two different users where the tests run in the harness's own sandbox (one
+    user is mapped there); a suite file's `verifier_sandbox: fresh` takes them."""
+    task = shutil.copytree(HERE / "text-reward", tmp_path / "suite" / "users")
+    toml = task / "task.toml"
+    text = toml.read_text().replace("[environment]\n", '[environment]\ndocker_image = "debian:bookworm-slim"\n')
+    toml.write_text(text.replace("timeout_sec = 120.0\n\n[verifier.env]", "timeout_sec = 120.0\nuser = 1000\n\n[verifier.env]"))
+    result = polar("tasks", "check", task)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert (f"{toml}:9: verifier.user: 1000 differs from agent.user (agent): the tests run in the harness's own "
+            "sandbox") in result.stderr, result.stderr
+    fresh = suite_file(tmp_path / "fresh.yaml", tmp_path / "suite", "{kind: oracle}")
+    fresh.write_text(fresh.read_text() + "verifier_sandbox: fresh\n")
+    [loaded] = suites.load(fresh, cached_images=False)
+    assert (loaded.sandbox.cwd, loaded.sandbox.user, loaded.evaluator.user, loaded.evaluator.sandbox) == (
+        "image", "agent", "1000", "fresh")
+    for bad, why in (('"a b"', "String should match pattern"), ("-1", "-1 is not a uid"), ("true", "string")):
+        toml.write_text(text.replace('user = "agent"', f"user = {bad}"))
+        result = polar("tasks", "check", task)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert f"{toml}:5: agent.user: " in result.stderr and why in result.stderr, result.stderr
 
 
 @needs_bwrap
