@@ -140,6 +140,11 @@ class SlurmConfig(_Model):
     requeue: bool = True  # requeue the job on preemption / time limit
     port: int = Field(0, ge=0, le=65535)  # orchestrator TCP port; 0 picks a free one
     step_restarts: int = Field(3, ge=0, le=MAX_COUNT)  # a failed engine/gateway step is restarted this many times
+    # walltime admission plans for each session's timeout_s, or (observed) for the admit_quantile of what
+    # the task's completed sessions took in this life, once admit_min_samples of them completed
+    admit_by: Literal["timeout", "observed"] = "timeout"
+    admit_quantile: float = Field(0.9, gt=0, le=1)
+    admit_min_samples: int = Field(3, ge=1, le=MAX_COUNT)
     stop_budget_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S)  # seconds to stop in; None: a third of KillWait
     extra_sbatch: list[str] = []  # more job-wide sbatch flags, e.g. ["--mail-type=END"]
 

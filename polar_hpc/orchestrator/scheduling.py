@@ -138,6 +138,7 @@ class Scheduler:
         specs = self.table.take(identity, gw.credit)
         if self.table.newly_held:
             self.journal.write_many("held", ({"session": s.session_id, "timeout_s": s.task.timeout_s,
+                                              "expected_s": self.table.durations.expected(s.task),
                                               "until": self.table.admit_until, "state": s.state}
                                              for s in self.table.newly_held))
             self.table.newly_held.clear()

@@ -38,6 +38,7 @@ from polar_hpc import procs, security, wire
 from polar_hpc.config import ConfigError, Task, load_tasks, load_topology
 from polar_hpc.observe.live import Live
 from polar_hpc.orchestrator import service, status
+from polar_hpc.orchestrator.durations import Durations
 from polar_hpc.orchestrator.front import Front
 from polar_hpc.orchestrator.journal import Journal, replay, service_events
 from polar_hpc.orchestrator.liveness import Watch
@@ -101,6 +102,9 @@ class Orchestrator:
         self.resumed = bool(attempts)
         table, batches, draining = _sessions(run_dir, self.service.enabled, self.done, attempts)
         table.admit_until, table.life_s = _env_float(ADMIT_UNTIL_ENV), _env_float(LIFE_ENV)
+        slurm = topology.slurm
+        table.durations = Durations(slurm.admit_quantile if slurm.admit_by == "observed" else None,
+                                    slurm.admit_min_samples)
         self.journal = Journal(run_dir)
         self.ctx = zmq.asyncio.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)

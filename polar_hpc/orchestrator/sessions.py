@@ -8,7 +8,8 @@ by state, rewards, tokens) as it goes, so a status costs the same for ten sessio
 A key's result is the first its live attempt sends (`results`, shards.decisions.FirstResults): a
 session in a final state takes no other, and an attempt requeued since is no longer in the table.
 Walltime admission: with `admit_until` (the unix time by which a session must end: the Slurm
-driver's, from the allocation's end) a queued session whose `timeout_s` would end later is not
+driver's, from the allocation's end) a queued session whose expected time (`durations`: its
+`timeout_s`, or what its task's completed sessions took, by `slurm.admit_by`) would end later is not
 dispatched but `held` (`held_too_long` when it would not fit even a fresh life of `life_s`
 seconds); held sessions stay unfinished, for the next life of the job, and are listed in `newly_held`.
 """
@@ -22,6 +23,7 @@ from typing import Any
 
 from polar_hpc import wire
 from polar_hpc.config import Task
+from polar_hpc.orchestrator.durations import Durations
 from polar_hpc.shards.decisions import FirstResults
 
 FINAL = ("completed", "error", "timeout", "cancelled")
@@ -37,6 +39,7 @@ class Session:
     attempt: int = 0
     state: str = "queued"
     gateway: bytes | None = None
+    dispatched_at: float = 0.0  # unix time `take` dispatched this attempt
     session_id: str = field(init=False)  # `<task>#<sample>.<attempt>`, made once
 
     def __post_init__(self) -> None:
@@ -55,6 +58,7 @@ class SessionTable:
     _tokens: int = 0
     admit_until: float | None = None
     life_s: float | None = None
+    durations: Durations = field(default_factory=Durations)
     newly_held: list[Session] = field(default_factory=list)  # held by `take` since the caller last looked
 
     @classmethod
@@ -105,8 +109,9 @@ class SessionTable:
         now = time.time()
         while self.queue and len(specs) < n:
             s = self.queue.popleft()
-            if self.admit_until is not None and now + s.task.timeout_s > self.admit_until:
-                too_long = self.life_s is not None and s.task.timeout_s > self.life_s
+            expected = self.durations.expected(s.task) if self.admit_until is not None else 0.0
+            if self.admit_until is not None and now + expected > self.admit_until:
+                too_long = self.life_s is not None and expected > self.life_s
                 self._move(s, "held_too_long" if too_long else "held")
                 self.newly_held.append(s)
                 continue
@@ -122,7 +127,7 @@ class SessionTable:
                                         n_traces=0, n_tokens=0, shard="", error=task))
                 self.unsendable.append(s)
                 continue
-            s.state, s.gateway = "assigned", gateway
+            s.state, s.gateway, s.dispatched_at = "assigned", gateway, now
             specs.append(wire.SessionSpec(session_id=s.session_id, task=task, sample_index=s.sample_index,
                                           attempt=s.attempt, deadline=now + s.task.timeout_s))
         self.states["queued"] -= len(specs)
@@ -141,6 +146,8 @@ class SessionTable:
             return None
         self._move(s, result.status)
         self._count(result)
+        if result.status == "completed" and s.dispatched_at:
+            self.durations.add(s.task.id, time.time() - s.dispatched_at)
         return s
 
     def requeue(self, session_id: str) -> Session:
