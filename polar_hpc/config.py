@@ -309,7 +309,12 @@ class TaskSolution(_Model):
 class Task(_Model):
     id: str
     instruction: _Text
-    num_samples: int = Field(DEFAULT_SAMPLES, ge=1, le=MAX_SAMPLES)
+    num_samples: int = Field(DEFAULT_SAMPLES, ge=1, le=MAX_SAMPLES)  # sessions started
+    # early acceptance (docs/tasks.md): the group is decided at `accept` finished samples, or after
+    # `accept_grace_s` from its first at `accept_fraction` of `accept`; the other samples are cancelled
+    accept: int | None = Field(None, ge=1, le=MAX_SAMPLES)
+    accept_fraction: float | None = Field(None, gt=0, le=1)
+    accept_grace_s: float | None = Field(None, ge=0, le=MAX_TIMEOUT_S)
     timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
     harness: HarnessSpec
     sandbox: TaskSandbox = Field(default_factory=lambda: _DEFAULT_SANDBOX)  # shared, not copied per task
@@ -326,6 +331,24 @@ class Task(_Model):
             raise ValueError("a task id is 1-256 of the characters A-Z a-z 0-9 . _ - : @ + = /, starting with a "
                              f"letter, digit or _, without '..' (got {value[:80]!r})")
         return value
+
+    @pydantic.model_validator(mode="wrap")
+    @classmethod
+    def _acceptance(cls, data: Any, handler: Any) -> Task:
+        """`accept` at most `num_samples`; `accept_fraction` and `accept_grace_s` together, with `accept`."""
+        task = handler(data)
+        problem = None
+        if task.accept is not None and task.accept > task.num_samples:
+            problem = ("accept", f"{task.accept} accepted samples of {task.num_samples} started: at most num_samples")
+        elif (task.accept_fraction is None) != (task.accept_grace_s is None):
+            missing = "accept_grace_s" if task.accept_grace_s is None else "accept_fraction"
+            problem = (missing, "accept_fraction and accept_grace_s go together")
+        elif task.accept_fraction is not None and task.accept is None:
+            problem = ("accept_fraction", "a fraction of what: set accept too")
+        if problem is None:
+            return task
+        raise pydantic_core.ValidationError.from_exception_data(cls.__name__, [
+            {"type": "value_error", "loc": (problem[0],), "input": data, "ctx": {"error": ValueError(problem[1])}}])
 
     @pydantic.field_validator("metadata")
     @classmethod

@@ -135,8 +135,10 @@ class Pipeline:
         task.add_done_callback(lambda _: self.sessions.pop(spec.session_id, None))
 
     def cancel(self, session_id: str) -> None:
+        """Cancel a session; after the loop's turn, so one assigned in the same turn has started
+        (inside its handler: it still writes its result) before it is cancelled."""
         if session_id in self.sessions:
-            self.sessions[session_id].cancel()
+            asyncio.get_running_loop().call_soon(self.sessions[session_id].cancel)
 
     async def drain(self, within_s: float) -> None:
         """Cancel every session not yet in POSTRUN and wait, at most `within_s`, until each has

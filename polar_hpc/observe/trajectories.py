@@ -21,7 +21,7 @@ from typing import Any
 from polar_hpc import nofollow
 from polar_hpc.observe.figures import Kinds, Series, Stat, kind_of
 from polar_hpc.shards import index
-from polar_hpc.shards.decisions import ACCEPT, STRAY, Decisions
+from polar_hpc.shards.decisions import ACCEPT, STRAY, UNDECIDED, Decisions
 from polar_hpc.shards.reader import read_shard
 from polar_hpc.trajectory.model import Trajectory
 
@@ -49,9 +49,10 @@ class TrajectoryFigures:
         if self.decisions.accepted:
             still = []
             for shard, offset, key, session in self.pending:
-                if key not in self.decisions.accepted:
+                verdict = self.decisions.verdict_of(key, session, shard)
+                if verdict == UNDECIDED:
                     still.append((shard, offset, key, session))
-                elif self.decisions.accepted[key] == (session, shard):
+                elif verdict == ACCEPT:
                     for _, _, traj in read_shard(self.shards_dir / shard, [], offset):
                         self._add(traj, shard, offset)
                         break

@@ -4,8 +4,8 @@ The run has no fixed task list. Trainers add batches (SubmitTasks, or files in `
 idempotent by task id: each new task is journaled `submitted` and its sessions `queued`, then
 offered to the gateways. More queued sessions than `service.max_queued` answer Busy (with the time
 until that many places free up at the recent rate) and take nothing; a batch larger than the
-bound, bad tasks or a draining run are Refused. CancelTasks cancels a batch or a task: queued
-sessions at once (journaled as a `cancelled` result), running ones through their gateway.
+bound, bad tasks or a draining run are Refused. CancelTasks cancels a batch or a task (`Scheduler.cancel`):
+queued and held sessions at once (journaled as a `cancelled` result), running ones through their gateway.
 BatchStatusRequest counts each batch's sessions by state. Drain (journaled) lets the run finish
 once every session has ended; it takes nothing more.
 """
@@ -72,11 +72,7 @@ class Front:
             if s.task.id not in task_ids or s.state in FINAL:
                 continue
             n += 1
-            if self.table.cancel_queued(s.session_id) is not None:
-                self.journal.write("result", session=s.session_id, task=s.task.id, sample=s.sample_index,
-                                   attempt=s.attempt, status="cancelled", reward=None, shard="", n_tokens=0)
-            else:
-                self.scheduler.cancel_running(s)
+            self.scheduler.cancel(s)
         return wire.Cancelled(sessions=n)
 
     def batch_status(self, msg: wire.BatchStatusRequest) -> wire.Message:

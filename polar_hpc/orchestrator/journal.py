@@ -6,11 +6,13 @@ orchestrator handles one batch of messages and are written (`flush`, one write t
 any message leaves it: whatever a peer was told is in the file first, so a crash of the process
 loses nothing acknowledged. It is the record
 a requeued job resumes from and the audit trail of every attempt. Events: queued, gateway_up,
-assigned, state, result, gateway_lost, requeued, interrupted, held. There is at most one `result` per (task, sample):
+assigned, state, result, gateway_lost, requeued, interrupted, held, decided. There is at most one `result` per (task, sample):
 `{"event": "result", "session", "task", "sample", "attempt", "status", "reward", "shard"}` names the
 attempt that counts; any other trajectory a gateway wrote for that key is a stray duplicate.
 A `cancelled` result only counts when the session was cancelled on purpose; a session cut short
-because its gateway stopped is journaled as `interrupted` and runs again. `replay` reads the
+because its gateway stopped is journaled as `interrupted` and runs again. `decided` (a task with
+`accept`: orchestrator/groups.py) names the samples of the task's group (`accepted`) and its tail
+(`cancelled`), once; `replay` gives the decisions back, and never adopts a record of a tail. `replay` reads the
 journal back when a requeued job starts again (`resumed`): keys with a result are not redone,
 the others are queued again with a higher attempt number. Before that it adopts what the earlier
 life finished but never journaled (a gateway wrote the trajectory after the orchestrator had
@@ -84,15 +86,21 @@ class Journal:
         self._file.close()
 
 
-def replay(run_dir: Path) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, int], int]]:
+Replayed = tuple[dict[tuple[str, int], dict], dict[tuple[str, int], int], dict[str, frozenset[int]]]
+
+
+def replay(run_dir: Path) -> Replayed:
     """What an earlier life of the run left: the `result` event of each finished (task, sample),
-    adopted ones included (journaled here), and the highest attempt number seen for every key.
-    Empty when the run is new."""
+    adopted ones included (journaled here), the highest attempt number seen for every key, and the
+    decided groups (task -> accepted samples). Empty when the run is new."""
     results: FirstResults[dict] = FirstResults()
     attempts: dict[tuple[str, int], int] = {}
     assigned: set[str] = set()
     dead: set[str] = set()
+    decided: dict[str, frozenset[int]] = {}
     for event in _events(run_dir):
+        if event.get("event") == "decided" and isinstance(event.get("task"), str):
+            decided.setdefault(event["task"], frozenset(int(i) for i in event.get("accepted", [])))
         key = _key(event.get("session", ""))
         if key is None:
             continue
@@ -105,14 +113,15 @@ def replay(run_dir: Path) -> tuple[dict[tuple[str, int], dict], dict[tuple[str, 
         elif kind == "requeued":
             dead.add(event.get("previous", ""))
     if assigned - dead and any(k not in results for k in attempts):
-        adopted = _adopt(run_dir, results, assigned - dead)
+        adopted = [e for e in _adopt(run_dir, results, assigned - dead)
+                   if e["task"] not in decided or e["sample"] in decided[e["task"]]]  # never a tail
         if adopted:
             journal = Journal(run_dir)
             for event in adopted:
                 journal.write("result", **event)
             journal.close()
             results |= {(e["task"], e["sample"]): e for e in adopted}
-    return results, attempts
+    return results, attempts, decided
 
 
 def _adopt(run_dir: Path, results: dict, candidates: set[str]) -> list[dict]:

@@ -8,20 +8,31 @@ the gateway running it; from any other peer it is refused and logged. The first 
 (task, sample) is journaled `result`, `"stale": true` when more weight versions passed during it
 than its batch allows; a `cancelled` result nobody asked for (its gateway stopped under it) is journaled
 `interrupted` and the session runs again. A lost gateway's sessions go back to the front of the
-queue as new attempts (`lose`), offered at once to every gateway with credit. Sessions cancelled on
-purpose while running are asked of their gateway (`cancel_running`). A session the allocation's
-end leaves no time for is not dispatched but journaled `held` (SessionTable: walltime admission).
+queue as new attempts (`lose`), offered at once to every gateway with credit. A session cancelled
+on purpose (`cancel`) ends at once if it had not started (journaled as a `cancelled` result), else
+it is asked of its gateway; one cancelled on purpose is never run again, even if its gateway is lost.
+A session the allocation's end leaves no time for is not dispatched but journaled `held`
+(SessionTable: walltime admission). Early acceptance (groups.py): a result that decides its task's
+group is followed by a `decided` event (task, accepted, cancelled, reason) and the tail is
+cancelled; a tail session's result is journaled `cancelled` with no shard (`written`: where its
+gateway put its record), whatever it reports, so no reader ever takes it; `decide_due` (each tick)
+decides the groups whose grace has passed; `resume` applies an earlier life's decisions.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from polar_hpc import wire
+from polar_hpc.config import Task
+from polar_hpc.orchestrator.groups import Groups
 from polar_hpc.orchestrator.journal import Journal
 from polar_hpc.orchestrator.peers import Refusals
 from polar_hpc.orchestrator.service import Batches
@@ -48,6 +59,7 @@ class Scheduler:
         self.down: dict[str, wire.Member] = {}  # gateway id -> the gateway as last seen
         self.assigned_policy: dict[str, str] = {}  # running session -> the newest version at its dispatch
         self.cancelling: set[str] = set()  # running sessions cancelled on purpose
+        self.groups = Groups()
         self.rate = Rate()
 
     def hello(self, identity: bytes, msg: wire.Hello) -> None:
@@ -84,20 +96,67 @@ class Scheduler:
                 self._requeue(msg.session_id)
                 self.dispatch_all()
             return
+        self.cancelling.discard(msg.session_id)
+        s = self.table.sessions.get(msg.session_id)
+        extra: dict[str, Any] = {}
+        if s is not None and self.groups.cut(s.task.id, s.sample_index):  # a decided group's tail
+            extra = {"written": msg.shard, "reported": msg.status}
+            msg = msgspec.structs.replace(msg, status="cancelled", reward=None, shard="")
         s = self.table.finish(msg)
-        if s is not None:  # the first result of a (task, sample): the attempt that counts
-            self.rate.note()
-            stale = self.batches.is_stale(s.task.id, dispatched, self.policy())
-            self.journal.write(
-                "result", session=msg.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt,
-                status=msg.status, reward=msg.reward, shard=msg.shard, n_tokens=msg.n_tokens,
-                **({"stale": True} if stale else {}),
-            )
+        if s is None:  # not the first result of its (task, sample)
+            return
+        self.rate.note()
+        if self.batches.is_stale(s.task.id, dispatched, self.policy()):
+            extra["stale"] = True
+        self._journal_result(s, msg.status, msg.reward, msg.shard, msg.n_tokens, **extra)
+        if msg.status != "cancelled" and (group := self.groups.finished(s.task, s.sample_index, time.time())):
+            self._decide(s.task, group)
 
-    def cancel_running(self, s: Session) -> None:
-        if s.gateway is not None and s.session_id not in self.cancelling:
+    def cancel(self, s: Session) -> None:
+        """End `s` on purpose: at once if it has not started, else through its gateway."""
+        if self.table.cancel_unstarted(s.session_id) is not None:
+            self._journal_result(s, "cancelled")
+        elif s.gateway is not None and s.session_id not in self.cancelling:
             self.cancelling.add(s.session_id)
             self.send(s.gateway, wire.Cancel(session_id=s.session_id))
+
+    def decide_due(self) -> None:
+        """Decide the groups whose grace has passed with enough samples finished."""
+        for task, group in self.groups.due(time.time()):
+            self._decide(task, group)
+
+    def resume(self, done: dict[tuple[str, int], dict], decided: dict[str, frozenset[int]]) -> None:
+        """An earlier life's groups: its decisions kept (their tails cancelled again if they were
+        queued anew), its finished samples noted, in the order they finished, in undecided groups."""
+        for task_id, group in decided.items():
+            self.groups.decide(task_id, group)
+        for (task_id, sample), event in sorted(done.items(), key=lambda kv: kv[1].get("t", 0.0)):
+            s = self.table.keys.get((task_id, sample))
+            if s is not None and event.get("status") != "cancelled":
+                if decision := self.groups.finished(s.task, sample, event.get("t", time.time())):
+                    self._decide(s.task, decision)
+        for task_id in decided:
+            if (first := self.table.keys.get((task_id, 0))) is not None:
+                self._cancel_tail(first.task)
+
+    def _decide(self, task: Task, group: frozenset[int]) -> None:
+        self.groups.decide(task.id, group)
+        reason = "accept" if task.accept is not None and len(group) >= task.accept else "fraction"
+        self.journal.write("decided", task=task.id, accepted=sorted(group), reason=reason,
+                           cancelled=[i for i in range(task.num_samples) if i not in group])
+        self._cancel_tail(task)
+
+    def _cancel_tail(self, task: Task) -> None:
+        for sample in range(task.num_samples):
+            s = self.table.keys.get((task.id, sample))
+            if s is not None and s.state not in FINAL and self.groups.cut(task.id, sample):
+                self.cancel(s)
+
+    def _journal_result(self, s: Session, status: str, reward: float | None = None, shard: str = "",
+                        n_tokens: int = 0, **extra: Any) -> None:
+        """The `result` event of the attempt that counts for (task, sample)."""
+        self.journal.write("result", session=s.session_id, task=s.task.id, sample=s.sample_index, attempt=s.attempt,
+                           status=status, reward=reward, shard=shard, n_tokens=n_tokens, **extra)
 
     def dispatch_all(self) -> None:
         for identity, gw in list(self.gateways.items()):
@@ -131,6 +190,12 @@ class Scheduler:
         if s is None or s.state in FINAL:
             return
         self.assigned_policy.pop(session_id, None)
+        if session_id in self.cancelling:  # cancelled on purpose: it ends so, and never runs again
+            self.cancelling.discard(session_id)
+            self.table.finish(wire.Result(session_id=session_id, status="cancelled", reward=None, n_calls=0,
+                                          n_traces=0, n_tokens=0, shard=""))
+            self._journal_result(s, "cancelled", reason="gateway lost")
+            return
         s = self.table.requeue(session_id)
         self.journal.write("requeued", session=s.session_id, previous=session_id, attempt=s.attempt)
 
@@ -145,8 +210,7 @@ class Scheduler:
         for s in self.table.unsendable:
             error = self.table.results[(s.task.id, s.sample_index)].error
             log.error("session %s: %s", s.session_id, error)
-            self.journal.write("result", session=s.session_id, task=s.task.id, sample=s.sample_index,
-                               attempt=s.attempt, status="error", reward=None, shard="", n_tokens=0, error=error)
+            self._journal_result(s, "error", error=error)
         self.table.unsendable.clear()
         if not specs:
             return

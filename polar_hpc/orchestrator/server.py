@@ -98,7 +98,7 @@ class Orchestrator:
         self.run_dir = run_dir
         self.topology = topology = load_topology(run_dir / "topology.yaml")
         self.service = topology.service
-        self.done, attempts = replay(run_dir)
+        self.done, attempts, decided = replay(run_dir)
         self.resumed = bool(attempts)
         table, batches, draining = _sessions(run_dir, self.service.enabled, self.done, attempts)
         table.admit_until, table.life_s = _env_float(ADMIT_UNTIL_ENV), _env_float(LIFE_ENV)
@@ -130,6 +130,7 @@ class Orchestrator:
                                  security.engine_api_key(run_dir), self.journal, self.send, self.to_gateways, peers)
         self.scheduler = Scheduler(table, batches, self.journal, self.send, peers, self.refusals,
                                    lambda: self.registry.policy, self.stopping)
+        self.scheduler.resume(self.done, decided)  # decided groups stay decided; their tails never run again
         self.front = Front(self.service, run_dir, self.scheduler, self.journal, draining)
         self.watch = Watch(peers, self.scheduler, self.registry, self.send)
         self.live = Live(run_dir, topology.metrics, self.status, self.registry.listing,
@@ -265,6 +266,7 @@ class Orchestrator:
             if self.service.enabled:
                 self.front.take_inbox()
             await self._heard_waiting()
+            self.scheduler.decide_due()
             self.watch.beat()
             self.journal.flush()
             await asyncio.sleep(self.topology.gateway.heartbeat_s)

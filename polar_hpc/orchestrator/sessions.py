@@ -2,7 +2,8 @@
 
 Sessions wait in a FIFO queue until a gateway with credit takes them. A session whose gateway is
 lost goes back to the front of the queue with its attempt number raised. In service mode tasks are
-added while the run goes (`add`) and queued sessions can be cancelled (`cancel_queued`). Pure bookkeeping: no I/O.
+added while the run goes (`add`). A session not started yet (queued or held) can be cancelled
+(`cancel_unstarted`). `keys` finds a (task, sample)'s current session. Pure bookkeeping: no I/O.
 Every change of state goes through the table, which keeps the counts `status` answers with (sessions
 by state, rewards, tokens) as it goes, so a status costs the same for ten sessions or a million.
 A key's result is the first its live attempt sends (`results`, shards.decisions.FirstResults): a
@@ -49,6 +50,7 @@ class Session:
 @dataclass
 class SessionTable:
     sessions: dict[str, Session] = field(default_factory=dict)
+    keys: dict[tuple[str, int], Session] = field(default_factory=dict)  # (task, sample) -> its current session
     queue: deque = field(default_factory=deque)
     _dumped: dict[str, Any] = field(default_factory=dict)  # task id -> the task, encoded once (wire.raw), or why not
     unsendable: list[Session] = field(default_factory=list)  # ended by `take` (a task it cannot encode), to journal
@@ -80,7 +82,7 @@ class SessionTable:
                     table._count(result)
                 else:
                     table.queue.append(s)
-                table.sessions[s.session_id] = s
+                table.sessions[s.session_id] = table.keys[key] = s
                 table.states[s.state] += 1
         return table
 
@@ -88,17 +90,18 @@ class SessionTable:
         """A task submitted while the run is going (service mode): its samples join the queue's end."""
         added = [Session(task, i) for i in range(task.num_samples)]
         for s in added:
-            self.sessions[s.session_id] = s
+            self.sessions[s.session_id] = self.keys[(task.id, s.sample_index)] = s
             self.queue.append(s)
         self.states["queued"] += len(added)
         return added
 
-    def cancel_queued(self, session_id: str) -> Session | None:
-        """Take a queued session out of the queue, `cancelled`; None when it is not queued."""
+    def cancel_unstarted(self, session_id: str) -> Session | None:
+        """A queued or held session ends `cancelled`; None when it is neither."""
         s = self.sessions.get(session_id)
-        if s is None or s.state != "queued":
+        if s is None or s.state not in ("queued", *HELD):
             return None
-        self.queue.remove(s)
+        if s.state == "queued":
+            self.queue.remove(s)
         self._move(s, "cancelled")
         return s
 
@@ -155,7 +158,7 @@ class SessionTable:
         old = self.sessions.pop(session_id)
         self.states[old.state] -= 1
         s = Session(old.task, old.sample_index, old.attempt + 1)
-        self.sessions[s.session_id] = s
+        self.sessions[s.session_id] = self.keys[(s.task.id, s.sample_index)] = s
         self.states[s.state] += 1
         self.queue.appendleft(s)
         return s

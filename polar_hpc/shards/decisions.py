@@ -7,7 +7,10 @@ and keeps, per (task_id, sample_index) key:
 - the first `result` event of a queued key: the accepted session and the shard its record is in
   (`""`: it has none). Later results of the key, and results of keys never queued, are ignored and
   named in `problems` (`FILE:LINE: what`) for the caller to report;
-- `requeued` events: the session they replace (`previous`), which one-shot readers skip.
+- `requeued` events: the session they replace (`previous`), which one-shot readers skip;
+- `decided` events (a task with `accept`): the samples of the task's group (`groups`); the others
+  are its tail, cancelled: their results name no shard, so no record of theirs is ever accepted,
+  and a tail's record is a stray as soon as the group is decided, before its own result.
 A line that is not an event (cut short by a crash, or missing a field) is skipped with a warning.
 
 `FirstResults` is the one rule every reader of results applies (this class, the orchestrator's
@@ -15,7 +18,9 @@ journal replay and progress, the dashboard, the session table): the first result
 sample) key counts; a later one for the same key does not.
 
 `verdict(traj, shard)` is final: `ACCEPT` for the accepted session's record in the shard its result
-names, `STRAY` for any other record of a decided key, `UNDECIDED` while the key has no result.
+names, `STRAY` for any other record of a decided key or of a decided group's tail, `UNDECIDED`
+while the key has no result. `group_size(task)` is how many records make the task's group: its
+decided group's size, else its number of samples.
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ class Decisions:
         self.accepted: FirstResults[tuple[str, str]] = FirstResults()  # key -> (session, shard)
         self.named: dict[str, int] = {}  # writer -> highest seq of a shard an accepted result names
         self.dead: set[str] = set()
+        self.groups: dict[str, frozenset[int]] = {}  # task -> the samples of its decided group
         self.problems: list[str] = []
 
     def exists(self) -> bool:
@@ -90,10 +96,19 @@ class Decisions:
 
     def verdict(self, traj: Trajectory, shard: str) -> str:
         """What the journal says of `traj`'s record in the shard named `shard`."""
-        found = self.accepted.get((traj.task_id, traj.sample_index))
+        return self.verdict_of((traj.task_id, traj.sample_index), traj.session_id, shard)
+
+    def verdict_of(self, key: Key, session: str, shard: str) -> str:
+        """The verdict on a record of `key` by `session` in the shard named `shard`."""
+        found = self.accepted.get(key)
         if found is None:
-            return UNDECIDED
-        return ACCEPT if found == (traj.session_id, shard) else STRAY
+            group = self.groups.get(key[0])
+            return UNDECIDED if group is None or key[1] in group else STRAY
+        return ACCEPT if found == (session, shard) else STRAY
+
+    def group_size(self, task: str) -> int:
+        group = self.groups.get(task)
+        return self.samples[task] if group is None else len(group)
 
     def complete(self) -> bool:
         """Every queued key has its result."""
@@ -121,4 +136,6 @@ class Decisions:
                     self.named[writer] = max(self.named.get(writer, 0), seq)
         elif kind == "requeued":
             self.dead.add(str(event["previous"]))
+        elif kind == "decided":
+            self.groups.setdefault(str(event["task"]), frozenset(int(i) for i in event["accepted"]))
 

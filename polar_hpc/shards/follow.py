@@ -1,12 +1,14 @@
 """Follow a run's shards as they are sealed: each accepted trajectory once, across restarts.
 
 `Follower(run_dir, cursor=PATH, ...)` is an iterator of trajectories (of per-task groups with
-`group_by_task=True`). Each poll it reads the journal's new lines (polar_hpc.shards.decisions),
-lists `<shards>/index/` (one small file per writer) and reads each index's new entries, then the
-new records of the shards they name, in each writer's seal order. Each record is
+`group_by_task=True`: a task's group once all its samples were read, or, for a task with
+`accept`, once its decided group was: never a sample of its cancelled tail). Each poll it reads
+the journal's new lines (polar_hpc.shards.decisions), lists `<shards>/index/` (one small file per
+writer) and reads each index's new entries, then the new records of the shards they name, in each
+writer's seal order. Each record is
 - accepted (the first copy of the session the journal's result names, in the shard it names):
   handed out, if it passes `filter`;
-- a stray (any other record of a decided key): skipped;
+- a stray (any other record of a decided key, or of a decided group's tail): skipped;
 - undecided (the journal is behind the shard): held, and decided again after each journal read.
 A sealed shard the journal names but the writer's index lacks (lost, or a garbage line in its
 place) is read all the same, once it has been seen unindexed for `index_grace_s` (a writer indexes
@@ -165,6 +167,8 @@ class Follower:
         self.decisions.update()
         self._report(self.decisions.problems[self._journal_problems :])
         self._journal_problems = len(self.decisions.problems)
+        for task in [t for t in self.groups if t in self.decisions.groups]:  # a group decided since
+            yield from self._release(task)
         for held in list(self.undecided):
             if not held.dropped and self.decisions.verdict(held.traj, held.ref["shard"]) != UNDECIDED:
                 self.undecided.remove(held)  # before handing it out: a commit then covers it
@@ -245,8 +249,13 @@ class Follower:
         if passes:
             group.append(held)
         self.decided[task] = self.decided.get(task, 0) + 1
-        if self.decided[task] >= self.decisions.samples[task]:
-            del self.groups[task], self.decided[task]
+        yield from self._release(task)
+
+    def _release(self, task: str) -> Iterator[list[Trajectory]]:
+        """Hand out the task's group once all of it was read (its decided group, when it has one)."""
+        if self.decided[task] >= self.decisions.group_size(task):
+            group = self.groups.pop(task)
+            del self.decided[task]
             if group:
                 yield sorted((h.traj for h in group), key=lambda t: t.sample_index)
 

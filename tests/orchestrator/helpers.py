@@ -77,12 +77,14 @@ def next_message(sock, kind, timeout_s: float = HANG_S):
 class Gateway:
     """A gateway played by a thread of the test: it owns its DEALER socket, says Hello with `slots`
     credits, heartbeats every `heartbeat_s` whatever the test's own thread is doing, and answers
-    each Assign with what `serve(session_ids)` returns (Reports, Credits...). `specs` are the
+    each Assign with what `serve(session_ids)` returns (Reports, Credits...), and any other message
+    but a heartbeat with what `answer(message)` returns (nothing by default). `specs` are the
     sessions assigned to it, `messages` everything else it was sent. `stop()` ends it."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str, name: str, slots: int,
-                 serve: Callable[[list[str]], list[wire.Message]], heartbeat_s: float = 0.1) -> None:
-        self.name, self.serve, self.heartbeat_s = name, serve, heartbeat_s
+                 serve: Callable[[list[str]], list[wire.Message]], heartbeat_s: float = 0.1,
+                 answer: Callable[[wire.Message], list[wire.Message]] = lambda _: []) -> None:
+        self.name, self.serve, self.heartbeat_s, self.answer = name, serve, heartbeat_s, answer
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.connect(endpoint)
         self.sock.send(wire.encode(wire.Hello(gateway_id=name, host="h", slots=slots)))
@@ -109,6 +111,8 @@ class Gateway:
                             self.sock.send(wire.encode(answer))
                     elif not isinstance(msg, wire.Heartbeat):
                         self.messages.append(msg)
+                        for answer in self.answer(msg):
+                            self.sock.send(wire.encode(answer))
         except BaseException as e:  # shown by stop()
             self.error = e
 

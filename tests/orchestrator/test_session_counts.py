@@ -42,7 +42,7 @@ def test_counts_follow_every_move() -> None:
         elif op < 0.7 and held:
             table.requeue(rng.choice(held).session_id)
         elif op < 0.8 and queued:
-            table.cancel_queued(rng.choice(queued).session_id)
+            table.cancel_unstarted(rng.choice(queued).session_id)
         elif op < 0.83:
             table.add(_task(f"added{step}", 2))
         reply = table.status(gateways=1)
