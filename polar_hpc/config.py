@@ -341,8 +341,9 @@ class Task(_Model):
         if task.accept is not None and task.accept > task.num_samples:
             problem = ("accept", f"{task.accept} accepted samples of {task.num_samples} started: at most num_samples")
         elif (task.accept_fraction is None) != (task.accept_grace_s is None):
-            missing = "accept_grace_s" if task.accept_grace_s is None else "accept_fraction"
-            problem = (missing, "accept_fraction and accept_grace_s go together")
+            given, missing = (("accept_fraction", "accept_grace_s") if task.accept_grace_s is None
+                              else ("accept_grace_s", "accept_fraction"))
+            problem = (given, f"needs {missing} too: accept_fraction and accept_grace_s go together")
         elif task.accept_fraction is not None and task.accept is None:
             problem = ("accept_fraction", "a fraction of what: set accept too")
         if problem is None:

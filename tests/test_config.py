@@ -50,6 +50,25 @@ def test_jsonl_names_the_bad_record_line(tmp_path: Path) -> None:
     _refused(result, f"{tasks}:3: evaluator.pattern: missing required field", f"{tasks}:4: not valid JSON")
 
 
+def test_early_acceptance_fields_are_checked_with_their_line(tmp_path: Path) -> None:
+    task = tmp_path / "task.yaml"
+    task.write_text(
+        "- id: a\n  instruction: hi\n  harness: {command: 'true'}\n  num_samples: 3\n"
+        "  accept: 4\n"                 # line 5: more than started
+        "- id: b\n  instruction: hi\n  harness: {command: 'true'}\n  num_samples: 3\n  accept: 2\n"
+        "  accept_fraction: 0.5\n"      # line 11: without its grace
+        "- id: c\n  instruction: hi\n  harness: {command: 'true'}\n"
+        "  accept_fraction: 0.5\n"      # line 15: a fraction of nothing
+        "  accept_grace_s: 10\n"
+        "- id: d\n  instruction: hi\n  harness: {command: 'true'}\n  accept: 1\n"
+        "  accept_fraction: 1.5\n"      # line 21: above 1
+        "  accept_grace_s: 10\n"
+    )
+    _refused(polar("run", task, "--run-dir", tmp_path / "run"),
+             f"{task}:5: accept: 4 accepted samples of 3 started", f"{task}:11: accept_fraction: needs accept_grace_s too",
+             f"{task}:15: accept_fraction: a fraction of what", f"{task}:21: accept_fraction:")
+
+
 def test_topology_unknown_key_and_bad_value(tmp_path: Path, calculator_dir: Path) -> None:
     topo = tmp_path / "topology.yaml"
     topo.write_text("gateway:\n  pools:\n    run: 0\n  colour: blue\n")
