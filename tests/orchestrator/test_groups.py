@@ -1,7 +1,8 @@
 """Early acceptance over real ZeroMQ: a task's group is decided at `accept` finished samples (or a
 fraction after a grace), its tail is cancelled (queued at once, running at its gateway) and is never
 run again: not after its gateway is lost, not after the orchestrator restarts from its journal
-(a requeued job), where the decided group is never reopened and a tail's record never adopted."""
+(a requeued job), where the decided group is never reopened and a tail's record never adopted; a
+task a trainer submits to a service run is decided the same way."""
 
 from __future__ import annotations
 
@@ -154,3 +155,29 @@ def test_group_decided_by_fraction_after_its_grace(tmp_path: Path, ctx) -> None:
         proc.wait()
     (decided,) = _events(tmp_path, "decided")
     assert (decided["accepted"], decided["cancelled"], decided["reason"]) == ([0, 1], [2, 3], "fraction")
+
+
+def test_a_task_submitted_to_a_service_run_is_decided_too(tmp_path: Path, ctx) -> None:
+    topology = TOPOLOGY.format(timeout=30) + "service:\n  enabled: true\n"
+    proc, endpoint = start_orchestrator(tmp_path, topology, None)
+    gw = Gateway(ctx, endpoint, "gw", 3, serve=_finish((0,)),
+                 answer=lambda m: [_result(m.session_id, "cancelled")] if isinstance(m, wire.Cancel) else [])
+    trainer = ctx.socket(zmq.DEALER)
+    trainer.connect(endpoint)
+    try:
+        trainer.send(wire.encode(wire.SubmitTasks(batch_id="b", tasks=[_task(num_samples=3, accept=1)])))
+        assert next_message(trainer, wire.Submitted).added == ["g"]
+
+        def batch() -> wire.BatchState:
+            trainer.send(wire.encode(wire.BatchStatusRequest(batch_id="b")))
+            return next_message(trainer, wire.BatchStatus).batches["b"]
+
+        wait_for(lambda: batch().done, "the batch done: its group decided, its tail cancelled")
+        assert batch().states == {"completed": 1, "cancelled": 2}
+    finally:
+        trainer.close(linger=0)
+        gw.stop()
+        proc.kill()
+        proc.wait()
+    (decided,) = _events(tmp_path, "decided")
+    assert (decided["accepted"], decided["cancelled"]) == ([0], [1, 2])
