@@ -16,9 +16,11 @@ Prometheus `/metrics` (`observe.live`: gateways' and proxies' snapshots, `wire.M
 from gateway keys only) unless the topology turns metrics off.
 
 When the journal already holds an earlier life of the run (a requeued job), it resumes: finished
-(task, sample) keys are not redone, the others run again as new attempts; a resumed service run
-queues again what trainers had added. In a Slurm job it admits by walltime: the driver's
-POLAR_ADMIT_UNTIL and POLAR_LIFE_S (sessions.SessionTable). On SIGTERM it marks the sessions in flight `interrupted` in
+(task, sample) keys are not redone, the others run again as new attempts, except the tails of
+groups decided before (`scheduling.Scheduler.resume`: cancelled, never run); a resumed service run
+queues again what trainers had added. Each tick also decides the groups whose grace has passed.
+In a Slurm job it admits by walltime: the driver's POLAR_ADMIT_UNTIL and POLAR_LIFE_S
+(sessions.SessionTable). On SIGTERM it marks the sessions in flight `interrupted` in
 the journal, stops the gateways and engines and exits. A client's Shutdown does the same.
 """
 
