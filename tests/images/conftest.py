@@ -86,6 +86,26 @@ def image(registry: Registry, tmp_path_factory) -> Image:
     return Image(reference, marker, layer)
 
 
+def push_published(registry: Registry, folder: Path, name: str, files: dict[str, str], config: list[str]) -> None:
+    """An image of rootfs.py's files and `files`, its config set by `umoci config` arguments, pushed
+    as `library/NAME`: what a mirror (`mirror_conf`) serves for docker.io/library/NAME."""
+    rootfs.build(folder / "root", files)
+    layout = f"{folder / 'oci'}:1"
+    for argv in (["umoci", "init", "--layout", str(folder / "oci")], ["umoci", "new", "--image", layout],
+                 ["umoci", "insert", "--rootless", "--image", layout, str(folder / "root"), "/"],
+                 ["umoci", "config", "--image", layout, *config]):
+        subprocess.run(argv, check=True, capture_output=True)
+    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}",
+                    f"docker://{registry.address}/library/{name}"], check=True, capture_output=True)
+
+
+def mirror_conf(path: Path, registry: Registry) -> Path:
+    """A registries.conf serving docker.io's names from `registry` (plain HTTP)."""
+    path.write_text(f'[[registry]]\nprefix = "docker.io"\nlocation = "docker.io"\n\n'
+                    f'[[registry.mirror]]\nlocation = "{registry.address}"\ninsecure = true\n')
+    return path
+
+
 def harbor_task(folder: Path, image: str, marker: str) -> Path:
     """A Harbor task whose environment is `image`: the oracle copies the image's marker into
     answer.txt, and the hidden tests reward 1.0 only if the answer and their own view of the image agree."""
