@@ -1,5 +1,6 @@
-"""Per-task environment images: `polar-hpc image pull SUITE` fetches each one once into a cache keyed
-by digest; `use_cached(tasks)` points every task whose image is there at its cached entry.
+"""Per-task environment images: `polar-hpc image pull SUITE` fetches each one (or builds a task's
+Dockerfile: suites.dockerfile) once into a cache keyed by digest; `use_cached(tasks)` points every
+task whose image is there at its cached entry.
 
 - A reference (`parse`) is a registry image, `docker://` optional: `[REGISTRY/]REPO[:TAG][@DIGEST]`,
   Docker's defaults filled in (`python:3.11` is `docker.io/library/python:3.11`). Harbor's
@@ -7,7 +8,8 @@ by digest; `use_cached(tasks)` points every task whose image is there at its cac
   (a SIF path, another scheme) is not pulled.
 - The cache (`cache_dir()`: $POLAR_IMAGE_CACHE, else ~/.cache/polar-hpc/images; the home is on the
   shared filesystem on most clusters):
-      refs/H.json            the digest a reference resolved to (H: a hash of the reference)
+      refs/H.json            the digest a reference resolved to (H: a hash of the reference), or a
+                             build (`build:sha256:CONTEXT`, `cache_key`) produced
       sha256-HEX.sif         the entry where `apptainer` is on PATH (`apptainer build` from the OCI layout)
       sha256-HEX.rootfs/     the entry elsewhere: the root filesystem (`umoci unpack --rootless`),
                              which the bubblewrap sandbox uses as the task's root (`tame`d:
@@ -19,9 +21,13 @@ by digest; `use_cached(tasks)` points every task whose image is there at its cac
       locks/sha256-HEX.lock  held (flock) by the pull of that digest; a second puller waits, then reuses
   An entry is published by one rename once complete, so no half entry is ever used; an interrupted
   pull leaves only `partial/`, which the next pull resumes (skopeo reuses the blobs there).
-- `unpulled(tasks)`: the reason each task whose image is not in the cache is refused before a run.
-  Tasks with only a Dockerfile (Harbor, metadata.dockerfile) are listed by `pull_suite`, not built.
-- `pull_suite` resolves every distinct reference of a suite to its digest (`skopeo inspect`), fetches
+- `unpulled(tasks)`: the reason each task whose image is not in the cache (pulled or built) is
+  refused before a run. A task with only a Dockerfile whose suite file says `dockerfile: host` has
+  no build key: it runs on the host's tree, listed by `pull_suite` and `tasks check` as such.
+- `install(layout, entry)`: an OCI layout (skopeo's copy, buildah's push) made an entry: the one
+  path pulls and builds share; `locked` and `record` the rest of theirs.
+- `pull_suite` builds each distinct Dockerfile-only context of a suite (suites.dockerfile), and
+  resolves every distinct reference of a suite to its digest (`skopeo inspect`), fetches
   each digest once (`skopeo copy` to an OCI layout), prints a table, and raises ConfigError naming
   the task's file and line for every reference that is malformed or could not be resolved or
   fetched, after pulling all the others. A registry on loopback (127.0.0.1, localhost) is spoken
