@@ -136,7 +136,7 @@ def use_cached(tasks: list[Task], cache: Path | None = None) -> list[Task]:
             continue
         digest, entry = found
         box = task.sandbox.model_copy(update={"image": str(entry)})
-        meta = task.metadata | {"image": {"reference": key, "digest": digest}}
+        meta = task.metadata | {"image": {"reference": task.sandbox.image or key, "digest": digest}}
         out.append(task.model_copy(update={"sandbox": box, "metadata": meta}))
     return out
 
@@ -162,7 +162,7 @@ def unpulled(tasks: list[Task]) -> list[str]:
             "where its registry or a mirror is reachable (docs/tasks.md, Images)" if t.sandbox.image else
             f"{t.metadata.get('dockerfile')}: {NOT_BUILT} (not in the image cache {cache_dir()}): run {pull} "
             "where buildah works (docs/tasks.md, Tasks with only a Dockerfile)"
-            for t in tasks if cache_key(t) and (t.sandbox.image is None or is_reference(t.sandbox.image))]
+            for t in tasks if (is_reference(t.sandbox.image) if t.sandbox.image else cache_key(t))]
 
 
 def _ref_file(cache: Path, reference: str) -> Path:
@@ -205,8 +205,8 @@ def pull_suite(path: Path, cache: Path, console) -> list[Pulled]:
     for task in tasks:
         if key := cache_key(task):
             wanted.setdefault(key, []).append(task)
-    builds = any(key.startswith("build:") for key in wanted)
-    for tool in ("skopeo" if len(wanted) > builds else "", "apptainer" if shutil.which("apptainer") else "umoci"):
+    pulls = any(not key.startswith("build:") for key in wanted)  # builds need buildah (suites.dockerfile)
+    for tool in ("skopeo" if pulls else "", "apptainer" if shutil.which("apptainer") else "umoci"):
         if tool and wanted and shutil.which(tool) is None:
             raise ToolFailed(f"{tool} is not on PATH: `image pull` needs skopeo, and umoci (local root "
                              "filesystems) or apptainer (SIF images); e.g. apt-get install skopeo umoci")

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import polar
+from e2e.helpers import trajectories
 
 from images import rootfs
 
@@ -104,6 +106,28 @@ def mirror_conf(path: Path, registry: Registry) -> Path:
     path.write_text(f'[[registry]]\nprefix = "docker.io"\nlocation = "docker.io"\n\n'
                     f'[[registry.mirror]]\nlocation = "{registry.address}"\ninsecure = true\n')
     return path
+
+
+def oracle_one_noop_zero(tmp_path: Path, suite: Path, env: dict[str, str]) -> None:
+    """`polar-hpc run` (bubblewrap) of `suite`'s tasks `oracle` and `noop`: 1.0 and 0.0."""
+    topology = tmp_path / "topology.yaml"
+    topology.write_text("sandbox: {backend: bwrap}\n")
+    run = polar("run", suite, "-c", topology, "--run-dir", tmp_path / "run", timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    done = trajectories(tmp_path / "run")
+    rewards = {t.task_id: (t.status, t.reward) for t in done}
+    why = [(t.metadata.get("error"), t.metadata.get("evaluation")) for t in done]
+    assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0)}, why
+
+
+def refused_before_the_run(tmp_path: Path, suite: Path, env: dict[str, str], why: str, mark: str) -> None:
+    """`tasks check` and `run` of `suite` exit 2 saying `why` (and `image pull`); the table marks the task."""
+    check = polar("tasks", "check", suite, env=env)
+    assert check.returncode == 2 and why in check.stderr and "polar-hpc image pull" in check.stderr, check.stderr
+    assert mark in check.stdout, check.stdout
+    run = polar("run", suite, "--run-dir", tmp_path / "run", env=env)
+    assert run.returncode == 2 and why in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert not (tmp_path / "run" / "tasks.jsonl").exists()
 
 
 def harbor_task(folder: Path, image: str, marker: str) -> Path:

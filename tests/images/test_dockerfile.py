@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import polar
-from e2e.helpers import trajectories
-from images.conftest import Registry, mirror_conf, needs_tools, push_published
+from images.conftest import Registry, mirror_conf, needs_tools, oracle_one_noop_zero, push_published, refused_before_the_run
 from sandbox.bwrap_required import needs_bwrap
 
 needs_buildah = pytest.mark.skipif(shutil.which("buildah") is None and os.environ.get("POLAR_REQUIRE_IMAGES") != "1",
@@ -80,14 +79,7 @@ def test_a_dockerfile_only_task_is_built_once_and_runs_in_its_image(tmp_path: Pa
     check = polar("tasks", "check", suite, env=env)
     assert check.returncode == 0 and "(built: rootfs)" in check.stdout, check.stdout + check.stderr
 
-    topology = tmp_path / "topology.yaml"
-    topology.write_text("sandbox: {backend: bwrap}\n")
-    run = polar("run", suite, "-c", topology, "--run-dir", tmp_path / "run", timeout=300, env=env)
-    assert run.returncode == 0, run.stdout + run.stderr
-    done = trajectories(tmp_path / "run")
-    rewards = {t.task_id: (t.status, t.reward) for t in done}
-    why = [(t.metadata.get("error"), t.metadata.get("evaluation")) for t in done]
-    assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0)}, why
+    oracle_one_noop_zero(tmp_path, suite, env)
     tasks = [json.loads(line) for line in (tmp_path / "run" / "tasks.jsonl").read_text().splitlines()]
     assert {t["sandbox"]["image"] for t in tasks} == {str(entry)}, tasks
 
@@ -97,12 +89,7 @@ def test_a_dockerfile_only_task_not_built_is_refused_before_the_run(tmp_path: Pa
     task = _task(suite / "unbuilt", "true\n")
     env = os.environ | {"POLAR_IMAGE_CACHE": str(tmp_path / "empty-cache")}
     why = f"{task}/environment/Dockerfile: Dockerfile only: not built (not in the image cache {tmp_path / 'empty-cache'})"
-    check = polar("tasks", "check", suite, env=env)
-    assert check.returncode == 2 and why in check.stderr and "polar-hpc image pull" in check.stderr, check.stderr
-    assert "NOT BUILT" in check.stdout, check.stdout
-    run = polar("run", suite, "--run-dir", tmp_path / "run", env=env)
-    assert run.returncode == 2 and why in run.stderr and "Traceback" not in run.stderr, run.stderr
-    assert not (tmp_path / "run" / "tasks.jsonl").exists()
+    refused_before_the_run(tmp_path, suite, env, why, "NOT BUILT")
     host = tmp_path / "host.yaml"  # asked for by name, it runs on the host's tree instead, and says so
     host.write_text(f"suite: {suite}\ndockerfile: host\n")
     check = polar("tasks", "check", host, env=env)
