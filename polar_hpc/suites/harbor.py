@@ -390,8 +390,8 @@ def _unhonoured(path: Path, text: str) -> list[str]:
     for section in ("agent", "verifier"):
         table = data.get(section)
         if isinstance(table, dict) and "user" in table and not box.get("docker_image"):
-            warn((section, "user"), "not honoured: the task has no docker_image (Dockerfile only: not built), so "
-                                    "its commands run on the host's tree as the sandbox's own user")
+            warn((section, "user"), "not honoured: the task has no docker_image (Dockerfile only), so its commands "
+                                    "run as its built image's User (with `dockerfile: host`, as the sandbox's own user)")
     if box.get("os") not in (None, "linux"):
         warn(("environment", "os"), f"{box['os']!r}: only Linux tasks run here")
     return found

@@ -88,10 +88,14 @@ def image(registry: Registry, tmp_path_factory) -> Image:
     return Image(reference, marker, layer)
 
 
-def push_published(registry: Registry, folder: Path, name: str, files: dict[str, str], config: list[str]) -> None:
-    """An image of rootfs.py's files and `files`, its config set by `umoci config` arguments, pushed
-    as `library/NAME`: what a mirror (`mirror_conf`) serves for docker.io/library/NAME."""
+def push_published(registry: Registry, folder: Path, name: str, files: dict[str, str], config: list[str],
+                   writable: tuple[str, ...] = ()) -> None:
+    """An image of rootfs.py's files and `files` (the folders `writable` made 0777, as a Dockerfile's
+    chown would let any user write there), its config set by `umoci config` arguments, pushed as
+    `library/NAME`: what a mirror (`mirror_conf`) serves for docker.io/library/NAME."""
     rootfs.build(folder / "root", files)
+    for rel in writable:
+        (folder / "root" / rel).chmod(0o777)
     layout = f"{folder / 'oci'}:1"
     for argv in (["umoci", "init", "--layout", str(folder / "oci")], ["umoci", "new", "--image", layout],
                  ["umoci", "insert", "--rootless", "--image", layout, str(folder / "root"), "/"],
@@ -108,16 +112,15 @@ def mirror_conf(path: Path, registry: Registry) -> Path:
     return path
 
 
-def oracle_one_noop_zero(tmp_path: Path, suite: Path, env: dict[str, str]) -> None:
-    """`polar-hpc run` (bubblewrap) of `suite`'s tasks `oracle` and `noop`: 1.0 and 0.0."""
+def run_rewards(tmp_path: Path, suite: Path, env: dict[str, str]) -> tuple[dict[str, tuple], list]:
+    """`polar-hpc run` (bubblewrap) of `suite`: each task's (status, reward), and why (error, evaluation)."""
     topology = tmp_path / "topology.yaml"
     topology.write_text("sandbox: {backend: bwrap}\n")
     run = polar("run", suite, "-c", topology, "--run-dir", tmp_path / "run", timeout=300, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     done = trajectories(tmp_path / "run")
     rewards = {t.task_id: (t.status, t.reward) for t in done}
-    why = [(t.metadata.get("error"), t.metadata.get("evaluation")) for t in done]
-    assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0)}, why
+    return rewards, [(t.metadata.get("error"), t.metadata.get("evaluation")) for t in done]
 
 
 def refused_before_the_run(tmp_path: Path, suite: Path, env: dict[str, str], why: str, mark: str) -> None:

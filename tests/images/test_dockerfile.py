@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import polar
-from images.conftest import Registry, mirror_conf, needs_tools, oracle_one_noop_zero, push_published, refused_before_the_run
+from images.conftest import Registry, mirror_conf, needs_tools, push_published, refused_before_the_run, run_rewards
 from sandbox.bwrap_required import needs_bwrap
 
 needs_buildah = pytest.mark.skipif(shutil.which("buildah") is None and os.environ.get("POLAR_REQUIRE_IMAGES") != "1",
@@ -29,7 +29,7 @@ COPY data.txt /app/data.txt
 RUN echo "written by RUN in $(pwd)" > from-run.txt
 ENV APP_MODE=dockerfile-env
 """
-CHECK = ('[ "$(cat /app/data.txt)" = "copied from the context" ] && [ "$(cat /app/from-run.txt)" = '
+CHECK = ('[ "$(pwd)" = /app ] && [ "$(cat /app/data.txt)" = "copied from the context" ] && [ "$(cat /app/from-run.txt)" = '
          '"written by RUN in /app" ] && [ "$APP_MODE" = dockerfile-env ]')
 TEST_SH = f"""if {CHECK} && [ "$(cat "$HOME/answer.txt")" = 42 ]; then
   echo 1 > "$POLAR_LOGS_DIR/reward.txt"
@@ -79,7 +79,8 @@ def test_a_dockerfile_only_task_is_built_once_and_runs_in_its_image(tmp_path: Pa
     check = polar("tasks", "check", suite, env=env)
     assert check.returncode == 0 and "(built: rootfs)" in check.stdout, check.stdout + check.stderr
 
-    oracle_one_noop_zero(tmp_path, suite, env)
+    rewards, why = run_rewards(tmp_path, suite, env)
+    assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0)}, why
     tasks = [json.loads(line) for line in (tmp_path / "run" / "tasks.jsonl").read_text().splitlines()]
     assert {t["sandbox"]["image"] for t in tasks} == {str(entry)}, tasks
 
