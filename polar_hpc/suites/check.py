@@ -38,7 +38,7 @@ def _environment(task: Task) -> str:
     if box.image and suites.images.is_reference(box.image):
         return f"{box.image} (NOT PULLED: run `polar-hpc image pull`)"
     if task.metadata.get("build"):
-        return f"{suites.images.NOT_BUILT}: NOT BUILT (run `polar-hpc image pull`)"
+        return "Dockerfile only: NOT BUILT (run `polar-hpc image pull`)"
     if task.metadata.get("dockerfile"):
         return f"{dockerfile.ON_HOST} ({len(box.files)} file(s))"
     return box.image or f"host + {len(box.files)} file(s)"

@@ -67,8 +67,8 @@ def spec(environment: Path, offline: bool) -> dict[str, str]:
 
 
 def build(task: Task, key: str, cache: Path, tasks: int = 1) -> images.Pulled:
-    """Build `task`'s Dockerfile into `cache` once (ConfigError: a bad FROM or a failed build;
-    ToolFailed: buildah missing, or a tool failed after the build)."""
+    """Build `task`'s Dockerfile into `cache` once (ConfigError: buildah missing, a bad FROM or a
+    failed build; ToolFailed: a tool failed after the build)."""
     t0 = time.monotonic()
     dockerfile = Path(task.metadata["dockerfile"])
     status = "cached"

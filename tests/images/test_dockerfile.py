@@ -27,6 +27,7 @@ FROM debian:bookworm
 WORKDIR /app
 COPY data.txt /app/data.txt
 RUN echo "written by RUN in $(pwd)" > from-run.txt
+RUN [ "$(grep -c : /proc/net/dev)" = 1 ] || { echo "RUN sees more than a loopback"; exit 1; }
 ENV APP_MODE=dockerfile-env
 """
 CHECK = ('[ "$(pwd)" = /app ] && [ "$(cat /app/data.txt)" = "copied from the context" ] && [ "$(cat /app/from-run.txt)" = '
