@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ref, topology = Path(tmp) / "suite.yaml", Path(tmp) / "topology.yaml"
-        ref.write_text(f"suite: {EXAMPLES}\nharness: {{kind: oracle}}\nnum_samples: {args.samples}\n"
+        ref.write_text(f"suite: {EXAMPLES}\nharness: {{kind: oracle}}\nnum_samples: {args.samples}\ndockerfile: host\n"
                        f"verifier_sandbox: {args.verifier_sandbox}\n")
         topology.write_text("sandbox: {backend: bwrap}\n")
         t0 = time.monotonic()

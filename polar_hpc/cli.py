@@ -306,7 +306,8 @@ def image_pull(
     suite: Path = typer.Argument(..., help=_TASKS_HELP),
     cache: Optional[Path] = typer.Option(None, help="Image cache (default: $POLAR_IMAGE_CACHE, else ~/.cache/polar-hpc/images)."),
 ) -> None:
-    """Fetch each image a suite's tasks name once into the cache, keyed by digest (login node)."""
+    """Fetch each image a suite's tasks name, and build each Dockerfile-only task (buildah), once into the
+    cache, keyed by digest (login node)."""
     from rich.console import Console
 
     from polar_hpc.suites import images

@@ -9,7 +9,7 @@ Every error polar-hpc raises on purpose is a `PolarError`; the CLI prints its me
 - `RequestRefused` (2): a running job refused a client's request, with its reason (a
   `ConfigError`: the job judged the request bad input).
 - `ChildFailed` (1): a child process exited or never became ready; the message carries its log.
-- `ToolFailed` (1): a tool polar-hpc runs (skopeo, umoci, apptainer) is missing or failed.
+- `ToolFailed` (1): a tool polar-hpc runs (skopeo, umoci, buildah, apptainer) is missing or failed.
 - `WeightUpdateFailed` (1): no engine loaded the weights a client asked for.
 
 Each room's own errors (a sandbox's, a shard's format, an engine's answer) derive from `PolarError`

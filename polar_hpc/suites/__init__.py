@@ -6,8 +6,10 @@
 - a YAML file whose top level is a suite reference: `suite: PATH` (relative to the file) with the
   `harness` to run (default oracle), `num_samples`, `builder`, `network`, `verifier_sandbox`
   (session | fresh: where hidden tests run, docs/tasks.md) and `metadata` (merged into each
-  task's) applied to every task of that suite, and for a SWE-bench dataset `image`, a template
-  naming every instance's image (suites.swebench);
+  task's) applied to every task of that suite, for a SWE-bench dataset `image`, a template
+  naming every instance's image (suites.swebench), and `dockerfile: host` (default `build`): its
+  Harbor tasks with only a Dockerfile run on the host's tree plus environment/workspace instead of
+  in the image `image pull` builds (suites.dockerfile), said in `tasks check`'s table;
 - anything else: our own YAML / JSONL task files (config.load_tasks).
 Bad input raises ConfigError naming file, line (or row) and field; duplicate ids are refused.
 What is loaded but ignored or left out (a task.toml key not honoured, a multi-step task) is
@@ -53,6 +55,7 @@ class SuiteRef(BaseModel):
     verifier_sandbox: Literal["session", "fresh"] | None = None
     metadata: dict[str, Any] = {}
     image: str | None = None  # SWE-bench datasets: a template for each instance's image
+    dockerfile: Literal["build", "host"] = "build"  # Harbor tasks with only a Dockerfile
 
     @pydantic.field_validator("image")
     @classmethod
@@ -106,6 +109,8 @@ def _apply(task: Task, ref: SuiteRef) -> Task:
                               "metadata": task.metadata | ref.metadata}
     if ref.network:
         update["sandbox"] = task.sandbox.model_copy(update={"network": ref.network})
+    if ref.dockerfile == "host" and "build" in task.metadata:  # not built: the host's tree (asked for)
+        update["metadata"] = {k: v for k, v in update["metadata"].items() if k != "build"}
     if ref.verifier_sandbox and isinstance(task.evaluator, TestsEvaluator):
         update["evaluator"] = task.evaluator.model_copy(update={"sandbox": ref.verifier_sandbox})
     return task.model_copy(update=update)

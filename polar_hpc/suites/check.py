@@ -10,6 +10,7 @@ from rich.table import Table
 
 from polar_hpc import suites
 from polar_hpc.config import ConfigError, Task
+from polar_hpc.suites import dockerfile
 
 
 def show(path: Path, console: Console) -> None:
@@ -32,11 +33,14 @@ def show(path: Path, console: Console) -> None:
 def _environment(task: Task) -> str:
     box, pulled = task.sandbox, task.metadata.get("image")
     if pulled:
-        return f"{pulled['reference']} (pulled: {Path(box.image or '').suffix[1:]})"
+        how = "built" if pulled["reference"].startswith("build:") else "pulled"
+        return f"{pulled['reference']} ({how}: {Path(box.image or '').suffix[1:]})"
     if box.image and suites.images.is_reference(box.image):
         return f"{box.image} (NOT PULLED: run `polar-hpc image pull`)"
+    if task.metadata.get("build"):
+        return "Dockerfile only: NOT BUILT (run `polar-hpc image pull`)"
     if task.metadata.get("dockerfile"):
-        return f"{suites.images.DOCKERFILE_ONLY} ({len(box.files)} file(s))"
+        return f"{dockerfile.ON_HOST} ({len(box.files)} file(s))"
     return box.image or f"host + {len(box.files)} file(s)"
 
 

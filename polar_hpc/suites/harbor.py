@@ -20,9 +20,8 @@ is a task). A task folder holds:
   `${VAR}` / `${VAR:-default}` in env values are the host's variables, as in Harbor. A multi-step
   task (`[[steps]]`) is refused: in a folder of tasks it is left out with a warning, the others load;
 - `environment/`: a Dockerfile or `docker_image` (at least one); `environment/workspace/`, if
-  there, is what the workspace starts with (a task with only a Dockerfile is not built: its
-  environment is the host's tree plus these files, its Dockerfile kept as metadata.dockerfile,
-  which `tasks check` and `image pull` list; docs/tasks.md);
+  there, is what the workspace starts with (a task with only a Dockerfile keeps it as
+  metadata.dockerfile and its build context's key as metadata.build: suites.dockerfile builds it);
 - `tests/test.sh`: the hidden tests (a TestsEvaluator whose `dir` is tests/);
 - `solution/solve.sh` (optional): what `harness: oracle` runs.
 The task id is the folder's name. Every problem of every task is reported, as
@@ -55,6 +54,7 @@ from polar_hpc.config import (
     resolve_source,
 )
 from polar_hpc.config_files import read_text
+from polar_hpc.suites import dockerfile as builder
 from polar_hpc.suites import images
 
 MAX_INSTRUCTION_BYTES = 1 << 20
@@ -272,7 +272,7 @@ def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = N
             metadata={"suite": "harbor", "task_dir": str(folder.absolute())} | (
                 {"harbor": toml.metadata} if toml.metadata else {}) | ({"image_source": image_source} if image else {})
             | ({"harbor_task": toml.task} if toml.task else {}) | ({"source": toml.source} if toml.source else {})
-            | ({"dockerfile": dockerfile} if dockerfile else {}),
+            | ({"dockerfile": dockerfile, "build": builder.spec(folder / "environment", offline)} if dockerfile else {}),
         )
     except pydantic.ValidationError as e:  # an env name or value no process can carry
         raise ConfigError("\n".join(f"{folder / 'task.toml'}: {'.'.join(map(str, err['loc']))}: {err['msg']}"
@@ -390,8 +390,8 @@ def _unhonoured(path: Path, text: str) -> list[str]:
     for section in ("agent", "verifier"):
         table = data.get(section)
         if isinstance(table, dict) and "user" in table and not box.get("docker_image"):
-            warn((section, "user"), "not honoured: the task has no docker_image (Dockerfile only: not built), so "
-                                    "its commands run on the host's tree as the sandbox's own user")
+            warn((section, "user"), "not honoured: the task has no docker_image (Dockerfile only), so its commands "
+                                    "run as its built image's User (with `dockerfile: host`, as the sandbox's own user)")
     if box.get("os") not in (None, "linux"):
         warn(("environment", "os"), f"{box['os']!r}: only Linux tasks run here")
     return found

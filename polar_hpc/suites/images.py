@@ -1,5 +1,6 @@
-"""Per-task environment images: `polar-hpc image pull SUITE` fetches each one once into a cache keyed
-by digest; `use_cached(tasks)` points every task whose image is there at its cached entry.
+"""Per-task environment images: `polar-hpc image pull SUITE` fetches each one (or builds a task's
+Dockerfile: suites.dockerfile) once into a cache keyed by digest; `use_cached(tasks)` points every
+task whose image is there at its cached entry.
 
 - A reference (`parse`) is a registry image, `docker://` optional: `[REGISTRY/]REPO[:TAG][@DIGEST]`,
   Docker's defaults filled in (`python:3.11` is `docker.io/library/python:3.11`). Harbor's
@@ -7,7 +8,8 @@ by digest; `use_cached(tasks)` points every task whose image is there at its cac
   (a SIF path, another scheme) is not pulled.
 - The cache (`cache_dir()`: $POLAR_IMAGE_CACHE, else ~/.cache/polar-hpc/images; the home is on the
   shared filesystem on most clusters):
-      refs/H.json            the digest a reference resolved to (H: a hash of the reference)
+      refs/H.json            the digest a reference resolved to (H: a hash of the reference), or a
+                             build (`build:sha256:CONTEXT`, `cache_key`) produced
       sha256-HEX.sif         the entry where `apptainer` is on PATH (`apptainer build` from the OCI layout)
       sha256-HEX.rootfs/     the entry elsewhere: the root filesystem (`umoci unpack --rootless`),
                              which the bubblewrap sandbox uses as the task's root (`tame`d:
@@ -19,9 +21,13 @@ by digest; `use_cached(tasks)` points every task whose image is there at its cac
       locks/sha256-HEX.lock  held (flock) by the pull of that digest; a second puller waits, then reuses
   An entry is published by one rename once complete, so no half entry is ever used; an interrupted
   pull leaves only `partial/`, which the next pull resumes (skopeo reuses the blobs there).
-- `unpulled(tasks)`: the reason each task whose image is not in the cache is refused before a run.
-  Tasks with only a Dockerfile (Harbor, metadata.dockerfile) are listed by `pull_suite`, not built.
-- `pull_suite` resolves every distinct reference of a suite to its digest (`skopeo inspect`), fetches
+- `unpulled(tasks)`: the reason each task whose image is not in the cache (pulled or built) is
+  refused before a run. A task with only a Dockerfile whose suite file says `dockerfile: host` has
+  no build key: it runs on the host's tree, listed by `pull_suite` and `tasks check` as such.
+- `install(layout, entry)`: an OCI layout (skopeo's copy, buildah's push) made an entry: the one
+  path pulls and builds share; `locked` and `record` the rest of theirs.
+- `pull_suite` builds each distinct Dockerfile-only context of a suite (suites.dockerfile), and
+  resolves every distinct reference of a suite to its digest (`skopeo inspect`), fetches
   each digest once (`skopeo copy` to an OCI layout), prints a table, and raises ConfigError naming
   the task's file and line for every reference that is malformed or could not be resolved or
   fetched, after pulling all the others. A registry on loopback (127.0.0.1, localhost) is spoken
@@ -32,6 +38,7 @@ by digest; `use_cached(tasks)` points every task whose image is there at its cac
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -41,6 +48,7 @@ import shutil
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +65,7 @@ _REFERENCE = re.compile(rf"(?:(?P<domain>{_DOMAIN})/)?(?P<repo>{_COMPONENT}(?:/{
                         r"(?::(?P<tag>[\w][\w.-]{0,127}))?(?:@(?P<digest>sha256:[a-f0-9]{64}))?")
 _DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
 _LOOPBACK = ("localhost", "127.0.0.1")
-DOCKERFILE_ONLY = "Dockerfile only: not built (no builder); runs on the host's tree + environment/workspace"
+NOT_BUILT = "Dockerfile only: not built"
 _UNSAFE = stat.S_ISUID | stat.S_ISGID | stat.S_IWGRP | stat.S_IWOTH  # cleared in an unpacked image
 
 
@@ -113,52 +121,65 @@ def entry_path(cache: Path, digest: str) -> Path:
 
 
 def use_cached(tasks: list[Task], cache: Path | None = None) -> list[Task]:
-    """Each task whose image reference was pulled into `cache`, pointed at its entry (the reference
-    and digest kept in metadata.image); the others as they are."""
+    """Each task whose image was pulled (or whose Dockerfile was built) into `cache`, pointed at its
+    entry (the reference, or the build key, and the digest kept in metadata.image); the others as
+    they are."""
     cache = cache or cache_dir()
-    out, entries = [], {}  # image -> its entry (looked up once per image)
+    out, entries = [], {}  # key -> its entry (looked up once per key)
     for task in tasks:
-        image = task.sandbox.image
-        if image and image not in entries:
-            digest = _cached_digest(cache, image)
-            entry = entry_path(cache, digest) if digest else None
-            entries[image] = (digest, entry) if entry and entry.exists() else None
-        found = entries.get(image or "")
+        key = cache_key(task)
+        if key and key not in entries:
+            entries[key] = cached_entry(cache, key)
+        found = entries.get(key or "")
         if found is None:
             out.append(task)
             continue
         digest, entry = found
         box = task.sandbox.model_copy(update={"image": str(entry)})
-        meta = task.metadata | {"image": {"reference": task.sandbox.image, "digest": digest}}
+        meta = task.metadata | {"image": {"reference": task.sandbox.image or key, "digest": digest}}
         out.append(task.model_copy(update={"sandbox": box, "metadata": meta}))
     return out
 
 
+def cache_key(task: Task) -> str | None:
+    """What `task`'s image is cached under: its canonical reference (`docker://...`), or for a task
+    with only a Dockerfile its build key (`build:sha256:HEX`, suites.dockerfile); None: nothing."""
+    image, build = task.sandbox.image, task.metadata.get("build")
+    if image and is_reference(image):
+        try:
+            return parse(image).transport
+        except ValueError:
+            return None
+    return f"build:{build['context']}" if image is None and isinstance(build, dict) else None
+
+
 def unpulled(tasks: list[Task]) -> list[str]:
-    """Why each task whose registry image is not in the cache (after `use_cached`) cannot run: it is
-    refused, never run on the host's tree instead. `FILE:LINE: FIELD: REFERENCE: ...`."""
-    return [f"{_where(t)}: {t.sandbox.image}: not pulled (not in the image cache {cache_dir()}): run `polar-hpc "
-            "image pull SUITE` where its registry or a mirror is reachable (docs/tasks.md, Images)"
-            for t in tasks if t.sandbox.image and is_reference(t.sandbox.image)]
+    """Why each task whose image is not in the cache (after `use_cached`) cannot run: it is refused,
+    never run on the host's tree instead. `FILE:LINE: FIELD: REFERENCE: ...` for a registry image,
+    `DOCKERFILE: ...` for a task with only a Dockerfile."""
+    pull = "`polar-hpc image pull SUITE`"
+    return [f"{_where(t)}: {t.sandbox.image}: not pulled (not in the image cache {cache_dir()}): run {pull} "
+            "where its registry or a mirror is reachable (docs/tasks.md, Images)" if t.sandbox.image else
+            f"{t.metadata.get('dockerfile')}: {NOT_BUILT} (not in the image cache {cache_dir()}): run {pull} "
+            "where buildah works (docs/tasks.md, Tasks with only a Dockerfile)"
+            for t in tasks if (is_reference(t.sandbox.image) if t.sandbox.image else cache_key(t))]
 
 
 def _ref_file(cache: Path, reference: str) -> Path:
     return cache / "refs" / (hashlib.sha256(reference.encode()).hexdigest()[:32] + ".json")
 
 
-def _cached_digest(cache: Path, image: str) -> str | None:
-    try:
-        key = parse(image).transport if is_reference(image) else None
-    except ValueError:
-        return None
-    if key is None:
-        return None
+def cached_entry(cache: Path, key: str) -> tuple[str, Path] | None:
+    """The digest `key` resolved to in `cache` and its entry, where both are there."""
     try:
         with open(_ref_file(cache, key), "rb") as f:
             digest = json.loads(f.read(4096)).get("digest")
     except (OSError, ValueError, AttributeError):
         return None
-    return digest if isinstance(digest, str) and _DIGEST.fullmatch(digest) else None
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        return None
+    entry = entry_path(cache, digest)
+    return (digest, entry) if entry.exists() else None
 
 
 @dataclass
@@ -172,34 +193,41 @@ class Pulled:
 
 
 def pull_suite(path: Path, cache: Path, console) -> list[Pulled]:
-    """Pull every image `path`'s tasks name into `cache`; print a table; ConfigError for bad ones."""
+    """Pull every image `path`'s tasks name, and build every task's Dockerfile (suites.dockerfile),
+    into `cache`; print a table; ConfigError for bad ones, after all the others are done."""
     from rich.table import Table
 
     from polar_hpc import suites
+    from polar_hpc.suites import dockerfile
 
     tasks = suites.load(path, cached_images=False)
     wanted: dict[str, list[Task]] = {}
     for task in tasks:
-        if task.sandbox.image and is_reference(task.sandbox.image):
-            wanted.setdefault(task.sandbox.image, []).append(task)
-    for tool in ("skopeo", "apptainer" if shutil.which("apptainer") else "umoci"):
-        if wanted and shutil.which(tool) is None:
+        if key := cache_key(task):
+            wanted.setdefault(key, []).append(task)
+    pulls = any(not key.startswith("build:") for key in wanted)  # builds need buildah (suites.dockerfile)
+    for tool in ("skopeo" if pulls else "", "apptainer" if shutil.which("apptainer") else "umoci"):
+        if tool and wanted and shutil.which(tool) is None:
             raise ToolFailed(f"{tool} is not on PATH: `image pull` needs skopeo, and umoci (local root "
                              "filesystems) or apptainer (SIF images); e.g. apt-get install skopeo umoci")
     done, problems = [], []
-    for image, users in wanted.items():
+    for key, users in wanted.items():
         try:
-            done.append(pull(parse(image), cache, len(users)))
+            if key.startswith("build:"):
+                done.append(dockerfile.build(users[0], key, cache, len(users)))
+            else:
+                done.append(pull(parse(key), cache, len(users)))
         except (ValueError, ConfigError) as e:
-            problems.append(f"{_where(users[0])}: {image}: {e}")
+            problems.append(f"{users[0].metadata['dockerfile']}: {e}" if key.startswith("build:")
+                            else f"{_where(users[0])}: {key}: {e}")
     table = Table("image", "digest", "entry", "status", "MiB", "s", "tasks",
                   title=f"{path}: {len(wanted)} image(s), cache {cache}")
     for p in done:
         table.add_row(p.reference, p.digest[7:19], p.entry.suffix[1:], p.status, f"{_size(p.entry) / 2**20:.1f}",
                       f"{p.seconds:.1f}", str(p.tasks))
     for task in tasks:
-        if dockerfile := task.metadata.get("dockerfile"):
-            table.add_row(str(dockerfile), "-", "-", DOCKERFILE_ONLY, "-", "-", "1")
+        if task.metadata.get("dockerfile") and not cache_key(task):
+            table.add_row(str(task.metadata["dockerfile"]), "-", "-", dockerfile.ON_HOST, "-", "-", "1")
     console.print(table)
     if problems:
         raise ConfigError("\n".join(problems))
@@ -215,37 +243,45 @@ def pull(ref: Reference, cache: Path, tasks: int = 1) -> Pulled:
         raise ConfigError(f"the registry answered no sha256 digest ({digest[:80]!r})")
     entry, status = entry_path(cache, digest), "cached"
     if not entry.exists():
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.mkdir(mode=0o755, exist_ok=True)
-        for sub in ("refs", "locks", "partial"):
-            (cache / sub).mkdir(mode=0o755, exist_ok=True)  # (less the umask): never writable by others
-        with open(cache / "locks" / f"{entry.stem}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another pull of this digest: wait for it, then reuse
-            waited = time.monotonic() - t0
-            status = f"reused (waited {waited:.0f}s)" if entry.exists() else "pulled"
+        with locked(cache, entry.stem):  # another pull of this digest: wait for it, then reuse
+            status = f"reused (waited {time.monotonic() - t0:.0f}s)" if entry.exists() else "pulled"
             if not entry.exists():
-                _fetch(ref, digest, entry, cache / "partial" / entry.stem)
-    _write_atomic(_ref_file(cache, ref.transport), json.dumps({"reference": ref.transport, "digest": digest}))
+                partial = cache / "partial" / entry.stem
+                partial.mkdir(exist_ok=True)
+                _skopeo(["copy", "--quiet", *ref.tls_flags("--src-tls-verify"), f"docker://{ref.domain}/{ref.repo}@{digest}",
+                         f"oci:{partial / 'oci'}:image"], PULL_TIMEOUT_S, ConfigError, "cannot fetch")
+                install(partial / "oci", entry)
+    record(cache, ref.transport, digest)
     return Pulled(ref.transport, digest, entry, status, time.monotonic() - t0, tasks)
 
 
-def _fetch(ref: Reference, digest: str, entry: Path, partial: Path) -> None:
-    """Copy the image into `partial`'s OCI layout (blobs there already are reused), build the entry
-    beside it, publish it by rename, then drop `partial`."""
-    partial.mkdir(exist_ok=True)
-    layout = f"oci:{partial / 'oci'}:image"
-    source = f"docker://{ref.domain}/{ref.repo}@{digest}"
-    _skopeo(["copy", "--quiet", *ref.tls_flags("--src-tls-verify"), source, layout], PULL_TIMEOUT_S,
-            ConfigError, "cannot fetch")
-    _write_atomic(entry.with_suffix(".config.json"), _image_config(partial / "oci"))  # before the entry: Env, WorkingDir, User
+@contextlib.contextmanager
+def locked(cache: Path, name: str) -> Iterator[None]:
+    """The cache's folders made (0755 less the umask: never writable by others), then locks/NAME.lock
+    held (flock) until the block ends."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(mode=0o755, exist_ok=True)
+    for sub in ("refs", "locks", "partial"):
+        (cache / sub).mkdir(mode=0o755, exist_ok=True)
+    with open(cache / "locks" / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def install(layout: Path, entry: Path) -> None:
+    """The image of the OCI layout `layout` (tag `image`) as the cache entry `entry`: its config
+    beside it, then the SIF or the tamed root filesystem, built in `layout`'s folder (a partial/
+    one) and published by one rename; that folder is then dropped. Pulls and builds both end here."""
+    partial = layout.parent
+    _write_atomic(entry.with_suffix(".config.json"), _image_config(layout))  # before the entry: Env, WorkingDir, User
     if entry.suffix == ".sif":
         built = partial / "image.sif"
-        _run(["apptainer", "build", "--force", str(built), layout], "apptainer build")
+        _run(["apptainer", "build", "--force", str(built), f"oci:{layout}:image"], "apptainer build")
         os.replace(built, entry)
     else:
         bundle = partial / "bundle"
         shutil.rmtree(bundle, ignore_errors=True)  # an unpack that was interrupted: redone
-        _run(["umoci", "unpack", "--rootless", "--image", f"{partial / 'oci'}:image", str(bundle)], "umoci unpack")
+        _run(["umoci", "unpack", "--rootless", "--image", f"{layout}:image", str(bundle)], "umoci unpack")
         tame(bundle / "rootfs")
         if os.geteuid() == 0:  # the files of a root gateway's sandboxes, root in their user namespace (sandbox/layer.py)
             give(bundle / "rootfs", *NOBODY)
@@ -253,20 +289,35 @@ def _fetch(ref: Reference, digest: str, entry: Path, partial: Path) -> None:
     shutil.rmtree(partial, ignore_errors=True)
 
 
+def record(cache: Path, key: str, digest: str) -> None:
+    """refs/: `key` (a reference, or a Dockerfile's build key) resolved to `digest`."""
+    _write_atomic(_ref_file(cache, key), json.dumps({"reference": key, "digest": digest}))
+
+
+def layout_digest(layout: Path) -> str:
+    """The manifest digest of the one image in the OCI layout `layout`."""
+    try:
+        with open(layout / "index.json", "rb") as f:
+            digest = json.loads(f.read(MAX_CONFIG_BYTES))["manifests"][0]["digest"]
+    except (OSError, ValueError, LookupError, TypeError) as e:
+        raise ToolFailed(f"the image's OCI layout names no manifest: {e!r}"[:400]) from None
+    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        raise ToolFailed(f"the image's OCI layout names no sha256 digest ({str(digest)[:80]!r})")
+    return digest
+
+
 def _image_config(layout: Path) -> str:
     """The OCI image config (Env, WorkingDir, User...) of the one image in `layout`, as JSON text."""
     def blob(digest: object) -> dict:
         if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
-            raise ToolFailed(f"the pulled layout names no sha256 digest ({str(digest)[:80]!r})")
+            raise ToolFailed(f"the image's layout names no sha256 digest ({str(digest)[:80]!r})")
         with open(layout / "blobs" / "sha256" / digest[7:], "rb") as f:
             return json.loads(f.read(MAX_CONFIG_BYTES))
 
     try:
-        with open(layout / "index.json", "rb") as f:
-            manifest = blob(json.loads(f.read(MAX_CONFIG_BYTES))["manifests"][0]["digest"])
-        return json.dumps(blob(manifest["config"]["digest"]))
+        return json.dumps(blob(blob(layout_digest(layout))["config"]["digest"]))
     except (OSError, ValueError, LookupError, TypeError) as e:
-        raise ToolFailed(f"the pulled image's config cannot be read: {e!r}"[:400]) from None
+        raise ToolFailed(f"the image's config cannot be read: {e!r}"[:400]) from None
 
 
 def registries_conf() -> list[str]:
@@ -304,7 +355,7 @@ def _skopeo(args: list[str], timeout_s: float, error: type[Exception], what: str
     except subprocess.TimeoutExpired:
         raise error(f"{what}: no answer within {timeout_s:g}s") from None
     if r.returncode != 0:
-        raise error(f"{what}: {_tail(r.stderr)}")
+        raise error(f"{what}: {tail(r.stderr)}")
     return r.stdout
 
 
@@ -314,10 +365,10 @@ def _run(argv: list[str], what: str) -> None:
     except subprocess.TimeoutExpired:
         raise ToolFailed(f"{what}: not done within {PULL_TIMEOUT_S}s") from None
     if r.returncode != 0:
-        raise ToolFailed(f"{what} exited {r.returncode}: {_tail(r.stderr)}")
+        raise ToolFailed(f"{what} exited {r.returncode}: {tail(r.stderr)}")
 
 
-def _tail(text: str) -> str:
+def tail(text: str) -> str:
     lines = [x for x in text.strip().splitlines() if x.strip()]
     last = lines[-1] if lines else "(no message)"
     return re.sub(r'^time="[^"]*" level=\w+ msg=', "", last)[-400:]

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import polar
+from e2e.helpers import trajectories
 
 from images import rootfs
 
@@ -84,6 +86,51 @@ def image(registry: Registry, tmp_path_factory) -> Image:
                               check=True, capture_output=True, text=True).stdout
     [layer] = [x["digest"] for x in json.loads(manifest)["layers"]]
     return Image(reference, marker, layer)
+
+
+def push_published(registry: Registry, folder: Path, name: str, files: dict[str, str], config: list[str],
+                   writable: tuple[str, ...] = ()) -> None:
+    """An image of rootfs.py's files and `files` (the folders `writable` made 0777, as a Dockerfile's
+    chown would let any user write there), its config set by `umoci config` arguments, pushed as
+    `library/NAME`: what a mirror (`mirror_conf`) serves for docker.io/library/NAME."""
+    rootfs.build(folder / "root", files)
+    for rel in writable:
+        (folder / "root" / rel).chmod(0o777)
+    layout = f"{folder / 'oci'}:1"
+    for argv in (["umoci", "init", "--layout", str(folder / "oci")], ["umoci", "new", "--image", layout],
+                 ["umoci", "insert", "--rootless", "--image", layout, str(folder / "root"), "/"],
+                 ["umoci", "config", "--image", layout, *config]):
+        subprocess.run(argv, check=True, capture_output=True)
+    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}",
+                    f"docker://{registry.address}/library/{name}"], check=True, capture_output=True)
+
+
+def mirror_conf(path: Path, registry: Registry) -> Path:
+    """A registries.conf serving docker.io's names from `registry` (plain HTTP)."""
+    path.write_text(f'[[registry]]\nprefix = "docker.io"\nlocation = "docker.io"\n\n'
+                    f'[[registry.mirror]]\nlocation = "{registry.address}"\ninsecure = true\n')
+    return path
+
+
+def run_rewards(tmp_path: Path, suite: Path, env: dict[str, str]) -> tuple[dict[str, tuple], list]:
+    """`polar-hpc run` (bubblewrap) of `suite`: each task's (status, reward), and why (error, evaluation)."""
+    topology = tmp_path / "topology.yaml"
+    topology.write_text("sandbox: {backend: bwrap}\n")
+    run = polar("run", suite, "-c", topology, "--run-dir", tmp_path / "run", timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    done = trajectories(tmp_path / "run")
+    rewards = {t.task_id: (t.status, t.reward) for t in done}
+    return rewards, [(t.metadata.get("error"), t.metadata.get("evaluation")) for t in done]
+
+
+def refused_before_the_run(tmp_path: Path, suite: Path, env: dict[str, str], why: str, mark: str) -> None:
+    """`tasks check` and `run` of `suite` exit 2 saying `why` (and `image pull`); the table marks the task."""
+    check = polar("tasks", "check", suite, env=env)
+    assert check.returncode == 2 and why in check.stderr and "polar-hpc image pull" in check.stderr, check.stderr
+    assert mark in check.stdout, check.stdout
+    run = polar("run", suite, "--run-dir", tmp_path / "run", env=env)
+    assert run.returncode == 2 and why in run.stderr and "Traceback" not in run.stderr, run.stderr
+    assert not (tmp_path / "run" / "tasks.jsonl").exists()
 
 
 def harbor_task(folder: Path, image: str, marker: str) -> Path:

@@ -5,21 +5,17 @@ COPY'd into /app, an Env) is pushed to the loopback registry and reached under i
 The oracle scores 1.0 and a no-op harness 0.0 with tests that need root (uid 0, a write under
 /usr) and read the files COPY'd into /app; nothing either writes reaches the cache entry.
 A task whose image was never pulled is refused before the run, by `tasks check` and `run`, naming
-its task.toml line, its reference and `image pull`; a task with only a Dockerfile is listed by both
-`tasks check` and `image pull` as not built."""
+its task.toml line, its reference and `image pull` (tasks with only a Dockerfile: test_dockerfile.py)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from conftest import polar
-from e2e.helpers import trajectories
-from images import rootfs
-from images.conftest import Registry, needs_tools
+from images.conftest import Registry, mirror_conf, needs_tools, push_published, refused_before_the_run, run_rewards
 from sandbox.bwrap_required import needs_bwrap
 
 pytestmark = [needs_tools, needs_bwrap, pytest.mark.timeout(400)]
@@ -44,21 +40,6 @@ fi
 SVC = ("user = 1000\n", "[verifier]\nuser = 1000\n")  # under [agent], and after it: Harbor's uid form
 
 
-def _push_published(registry: Registry, folder: Path) -> None:
-    """The image under the name the mirror serves for docker.io/library/debian:bookworm-slim."""
-    passwd = "root:x:0:0::/root:/bin/sh\nsvc:x:1000:1000::/home/svc:/bin/sh\n"
-    rootfs.build(folder / "root", {"app/data.txt": "copied into /app\n", "etc/passwd": passwd})
-    (folder / "root" / "app").chmod(0o777)  # svc may write there, as a Dockerfile's chown would let it
-    layout = f"{folder / 'oci'}:1"
-    for argv in (["umoci", "init", "--layout", str(folder / "oci")], ["umoci", "new", "--image", layout],
-                 ["umoci", "insert", "--rootless", "--image", layout, str(folder / "root"), "/"],
-                 ["umoci", "config", "--image", layout, "--config.workingdir", "/app",
-                  "--config.env", "APP_MODE=image-env", "--config.env", f"PATH={IMAGE_PATH}"]):
-        subprocess.run(argv, check=True, capture_output=True)
-    subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}",
-                    f"docker://{registry.address}/library/{PUBLISHED}"], check=True, capture_output=True)
-
-
 def _task(folder: Path, image: str, solve: str, test_sh: str = TEST_SH, toml: tuple[str, str] = ("", "")) -> Path:
     folder.mkdir(parents=True)
     (folder / "instruction.md").write_text("Write 42 to answer.txt in /app.\n")
@@ -72,10 +53,11 @@ def _task(folder: Path, image: str, solve: str, test_sh: str = TEST_SH, toml: tu
 
 
 def test_a_published_image_through_a_mirror_runs_as_its_container(tmp_path: Path, registry: Registry) -> None:
-    _push_published(registry, tmp_path / "image")
-    conf = tmp_path / "registries.conf"
-    conf.write_text(f'[[registry]]\nprefix = "docker.io"\nlocation = "docker.io"\n\n'
-                    f'[[registry.mirror]]\nlocation = "{registry.address}"\ninsecure = true\n')
+    passwd = "root:x:0:0::/root:/bin/sh\nsvc:x:1000:1000::/home/svc:/bin/sh\n"
+    push_published(registry, tmp_path / "image", PUBLISHED, {"app/data.txt": "copied into /app\n", "etc/passwd": passwd},
+                   ["--config.workingdir", "/app", "--config.env", "APP_MODE=image-env", "--config.env", f"PATH={IMAGE_PATH}"],
+                   writable=("app",))
+    conf = mirror_conf(tmp_path / "registries.conf", registry)
     cache = tmp_path / "cache"
     env = os.environ | {"POLAR_REGISTRIES_CONF": str(conf), "POLAR_IMAGE_CACHE": str(cache)}
     suite = tmp_path / "suite"
@@ -89,13 +71,7 @@ def test_a_published_image_through_a_mirror_runs_as_its_container(tmp_path: Path
     [entry] = cache.glob("sha256-*.rootfs")
     assert entry.with_suffix(".config.json").is_file()
 
-    topology = tmp_path / "topology.yaml"
-    topology.write_text("sandbox: {backend: bwrap}\n")
-    run = polar("run", suite, "-c", topology, "--run-dir", tmp_path / "run", timeout=300, env=env)
-    assert run.returncode == 0, run.stdout + run.stderr
-    done = trajectories(tmp_path / "run")
-    rewards = {t.task_id: (t.status, t.reward) for t in done}
-    why = [(t.metadata.get("error"), t.metadata.get("evaluation")) for t in done]
+    rewards, why = run_rewards(tmp_path, suite, env)
     assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0),
                        "svc-oracle": ("completed", 1.0), "svc-noop": ("completed", 0.0)}, why
     assert (entry / "app" / "data.txt").read_text() == "copied into /app\n"  # the agent's append stayed in its layer
@@ -108,20 +84,4 @@ def test_a_task_whose_image_was_never_pulled_is_refused_before_the_run(tmp_path:
     env = os.environ | {"POLAR_IMAGE_CACHE": str(tmp_path / "empty-cache")}
     why = (f"{suite / 'missing' / 'task.toml'}:5: environment.docker_image: docker://docker.io/library/debian:trixie-slim: "
            "not pulled")
-    check = polar("tasks", "check", suite, env=env)
-    assert check.returncode == 2 and why in check.stderr and "polar-hpc image pull" in check.stderr, check.stderr
-    assert "NOT PULLED" in check.stdout, check.stdout
-    run = polar("run", suite, "--run-dir", tmp_path / "run", env=env)
-    assert run.returncode == 2 and why in run.stderr and "Traceback" not in run.stderr, run.stderr
-    assert not (tmp_path / "run" / "tasks.jsonl").exists()
-
-
-def test_tasks_with_only_a_dockerfile_are_listed_not_left_out(tmp_path: Path) -> None:
-    task = _task(tmp_path / "suite" / "built-here", PUBLISHED, "true\n")
-    (task / "task.toml").write_text("[agent]\ntimeout_sec = 120\n")
-    (task / "environment").mkdir()
-    (task / "environment" / "Dockerfile").write_text("FROM debian:bookworm-slim\nWORKDIR /app\n")
-    env = os.environ | {"POLAR_IMAGE_CACHE": str(tmp_path / "cache")}
-    for args in (("tasks", "check"), ("image", "pull")):
-        r = polar(*args, tmp_path / "suite", env=env)
-        assert r.returncode == 0 and "Dockerfile only: not built" in r.stdout, r.stdout + r.stderr
+    refused_before_the_run(tmp_path, suite, env, why, "NOT PULLED")

@@ -2,7 +2,8 @@
 /tests, /solution, /logs/agent and /logs/verifier paths, reward.json with several keys, reward.txt,
 a test.sh that writes no reward, env tables, legacy memory/storage strings, a service the agent
 leaves running, a multi-step task),
-through the real `polar-hpc tasks check` and `polar-hpc run` with bubblewrap on the host's tree:
+through the real `polar-hpc tasks check` and `polar-hpc run` with bubblewrap on the host's tree
+(a suite file's `dockerfile: host`: their Dockerfiles are not built):
 the oracle scores 1.0 and the no-op 0.0 on each; no reward file is an `error`; the multi-step task
 is refused with a warning without blocking the others; the tests see the agent's sandbox as it
 left it, unless `verifier_sandbox: fresh`; a harness planting rewards or reading /tests gains nothing."""
@@ -30,7 +31,7 @@ NO_REWARD = "no reward file: the tests wrote neither /logs/verifier/reward.json 
 def run(tmp_path: Path, name: str, harness: str = "{kind: oracle}", extra: str = "") -> dict:
     (tmp_path / "topology.yaml").write_text("sandbox: {backend: bwrap}\n")
     ref = tmp_path / f"{name}.yaml"
-    ref.write_text(f"suite: {HERE}\nharness: {harness}\n{extra}")
+    ref.write_text(f"suite: {HERE}\nharness: {harness}\ndockerfile: host\n{extra}")
     result = polar("run", ref, "-c", tmp_path / "topology.yaml", "--run-dir", tmp_path / name, timeout=280)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "multi-step/task.toml:9: steps: a multi-step task" in result.stderr  # said by `run` too
@@ -39,8 +40,9 @@ def run(tmp_path: Path, name: str, harness: str = "{kind: oracle}", extra: str =
     return found
 
 
-def test_tasks_check_names_what_is_ignored_and_loads_the_rest() -> None:
-    result = polar("tasks", "check", HERE)
+def test_tasks_check_names_what_is_ignored_and_loads_the_rest(tmp_path: Path) -> None:
+    (tmp_path / "host.yaml").write_text(f"suite: {HERE}\ndockerfile: host\n")  # not built: run on the host's tree
+    result = polar("tasks", "check", tmp_path / "host.yaml")
     assert result.returncode == 0, result.stderr
     out = " ".join(result.stdout.split())  # the table may wrap
     assert f"warning: {HERE}/multi-step/task.toml:9: steps: a multi-step task ([[steps]]" in result.stdout

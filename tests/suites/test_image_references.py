@@ -13,6 +13,8 @@ from suites.swebench_rows import row
 from suites.test_loading import check_fails
 
 from polar_hpc import suites
+from polar_hpc.errors import ConfigError
+from polar_hpc.suites import dockerfile as dockerfile_mod
 from polar_hpc.suites.images import parse
 
 DIGEST = "sha256:" + "ab" * 32
@@ -56,3 +58,23 @@ def test_suites_name_bad_images_with_file_and_line(tmp_path: Path) -> None:
     [swe] = suites.load(data)
     assert swe.sandbox.image == "docker://docker.io/swebench/sweb.eval.x86_64.pkg:v1"
     assert swe.metadata["image_source"] == f"{data}:1: image"
+
+
+def test_a_dockerfiles_bases_are_read_as_docker_reads_them(tmp_path: Path) -> None:
+    """FROM references become canonical (resolved through the same mirrors as pulls); a stage's name,
+    scratch and an ARG are left to the builder; a malformed one is named with its line; the build key
+    changes with any byte or mode of the context, and with the build's network."""
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("ARG BASE=debian\nFROM --platform=linux/amd64 python:3.11-slim AS build\nRUN true\n"
+                          "from build as test\nFROM scratch\nFROM ${BASE}\nFROM 127.0.0.1:5000/env:1\n")
+    text, bases = dockerfile_mod.canonical(dockerfile)
+    assert text.splitlines()[1] == "FROM --platform=linux/amd64 docker.io/library/python:3.11-slim AS build"
+    assert text.splitlines()[3:6] == ["from build as test", "FROM scratch", "FROM ${BASE}"]
+    assert [str(b) for b in bases] == ["docker.io/library/python:3.11-slim", "127.0.0.1:5000/env:1"]
+    dockerfile.write_text("FROM debian\nFROM Ubuntu:22.04\n")
+    with pytest.raises(ConfigError, match=rf"^{dockerfile}:2: FROM: not an image reference"):
+        dockerfile_mod.canonical(dockerfile)
+    key = dockerfile_mod.spec(tmp_path, offline=True)
+    assert key["network"] == "none" and dockerfile_mod.spec(tmp_path, offline=False)["context"] != key["context"]
+    dockerfile.chmod(0o600)
+    assert dockerfile_mod.spec(tmp_path, offline=True) != key

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from conftest import polar
-from suites.helpers import EXAMPLES, TASKS, copy_task, suite_file
+from suites.helpers import EXAMPLES, ON_HOST, TASKS, copy_task, suite_file
 
 from polar_hpc import suites
 
@@ -21,7 +21,7 @@ def check_fails(*args) -> str:
 
 
 def test_examples_check_and_load_as_tasks() -> None:
-    result = polar("tasks", "check", EXAMPLES)
+    result = polar("tasks", "check", ON_HOST)
     assert result.returncode == 0, result.stderr
     assert "3 task(s), 3 session(s)" in result.stdout
     tasks = suites.load(EXAMPLES)

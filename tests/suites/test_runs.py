@@ -14,7 +14,7 @@ import pytest
 from conftest import polar
 from e2e.helpers import check_fidelity, engine_samples, trajectories
 from sandbox.bwrap_required import needs_bwrap
-from suites.helpers import EXAMPLES, TASKS, copy_task
+from suites.helpers import EXAMPLES, ON_HOST, TASKS, copy_task
 
 pytestmark = [needs_bwrap, pytest.mark.timeout(300)]
 TOPOLOGY = "sandbox: {backend: bwrap}\n"
@@ -37,7 +37,7 @@ def diff_of(traj) -> bytes:
 
 
 def test_oracle_scores_one_and_noop_zero_on_every_example(tmp_path: Path) -> None:
-    oracle = run(tmp_path, EXAMPLES, "oracle")
+    oracle = run(tmp_path, ON_HOST, "oracle")
     assert [(t.task_id, t.status, t.reward) for t in oracle] == [(name, "completed", 1.0) for name in TASKS]
     for t in oracle:
         diff = diff_of(t)
@@ -45,7 +45,7 @@ def test_oracle_scores_one_and_noop_zero_on_every_example(tmp_path: Path) -> Non
         assert set(t.metadata["evaluation_timings"]) == {"capture_s", "apply_s", "tests_s"}  # in its own sandbox
         assert "Ran " in t.metadata["evaluation"] and "OK" in t.metadata["evaluation"]
     ref = tmp_path / "noop.yaml"
-    ref.write_text(f"suite: {EXAMPLES}\nharness: {{kind: noop}}\n")
+    ref.write_text(f"suite: {EXAMPLES}\nharness: {{kind: noop}}\ndockerfile: host\n")
     noop = run(tmp_path, ref, "noop")
     assert [(t.task_id, t.status, t.reward) for t in noop] == [(name, "completed", 0.0) for name in TASKS]
     assert all(t.metadata["workspace_diff"]["bytes"] == 0 for t in noop)
@@ -79,7 +79,7 @@ disk*) head -c 8000000 /dev/zero > big; sleep 5;;
 esac
 """
         ref = tmp_path / "hostile.yaml"
-        ref.write_text(f"suite: {suite}\nverifier_sandbox: fresh\nharness:\n  kind: shell\n  command: |\n"
+        ref.write_text(f"suite: {suite}\nverifier_sandbox: fresh\ndockerfile: host\nharness:\n  kind: shell\n  command: |\n"
                        + "".join(f"    {line}\n" for line in command.strip().splitlines()))
         by_id = {t.task_id: t for t in run(tmp_path, ref, "hostile")}
     finally:
