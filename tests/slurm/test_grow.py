@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from polar_hpc.observe.run import RunReader
 from tests.slurm.conftest import job_gone, journal, results, wait_for
 from tests.slurm.test_hetjob import _calculator, _check_exactly_once, _polar, _sacct_state, _submit
 
@@ -63,6 +64,8 @@ def test_a_grown_gateway_takes_work_and_leaves_on_scancel_with_nothing_lost(slur
                       "COMPLETED" in o and f"grow job {grow}: CANCELLED" in o and o, 30)
     assert "finished: all sessions ended" in status, status
     assert grow in json.loads((run_dir / "accounting.json").read_text())["jobs"]
+    shown = RunReader(run_dir).overview()["jobs"]  # the dashboard's list
+    assert [(j["job"], j["kind"], j["outcome"]) for j in shown] == [(job_id, "main", "finished"), (grow, "grow", "signal")]
 
 
 def _grow_events(run_dir: Path) -> list[dict]:
