@@ -1,6 +1,7 @@
 """`polar-hpc grow` on a real Slurm: a grow job's gateway joins a running run, takes sessions, is
 stopped by Slurm mid-run (`polar-hpc shrink`: scancel, as a preemption stops it), and the run still
-ends COMPLETED with every (task, sample) exactly once."""
+ends COMPLETED with every (task, sample) exactly once; a grow job follows the run's job through a
+requeue into its next life and ends with the run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 from polar_hpc.observe.run import RunReader
 from tests.slurm.conftest import job_gone, journal, results, wait_for
-from tests.slurm.test_hetjob import _calculator, _check_exactly_once, _polar, _sacct_state, _submit
+from tests.slurm.test_hetjob import _calculator, _check_exactly_once, _nudge, _polar, _sacct_state, _submit
 
 
 def _held_by(run_dir: Path, gateway: str) -> tuple[int, int]:
@@ -85,3 +86,26 @@ def test_grow_of_a_run_whose_job_has_ended_is_refused(slurm, tmp_path: Path, cal
     assert out.returncode == 2 and f"the run has no job queued or running (job {job_id}: " in out.stderr, out
     assert len(out.stderr.strip().splitlines()) == 1
     assert not (run_dir / "journal" / "grow.jsonl").exists()
+
+
+@pytest.mark.timeout(420)  # two lives of the run's job beside a grow job
+def test_a_grow_job_follows_the_run_into_its_next_life_and_ends_with_it(slurm, tmp_path: Path,
+                                                                        calculator_dir: Path) -> None:
+    job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 16), token_delay_ms=15)
+    out = _polar(slurm, "grow", run_dir)
+    assert out.returncode == 0, out.stderr
+    grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
+    first = wait_for("the grow job to join", lambda: next(
+        (e["endpoint"] for e in _grow_events(run_dir) if e["event"] == "joined"), None), 120)
+    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
+    subprocess.run(["scontrol", "requeue", job_id], env=slurm, check=True)
+    wait_for("the run's next life, joined by the grow job", lambda: _nudge(slurm, job_id) or len(
+        [e for e in _grow_events(run_dir) if e["event"] == "joined"]) >= 2, 180, 2.0)
+    wait_for("both jobs to end", lambda: job_gone(slurm, job_id) and job_gone(slurm, grow), 180)
+    _check_exactly_once(run_dir, 16)
+    joined = [e["endpoint"] for e in _grow_events(run_dir) if e["event"] == "joined"]
+    assert joined[0] == first and len(joined) == 2 and any(e["event"] == "resumed" for e in journal(run_dir))
+    ends = [(e["job"], e["outcome"], e["code"]) for e in _grow_events(run_dir) if e["event"] == "end"]
+    assert ends == [(grow, "finished", 0)], ends  # it ended with the run, not at its time limit
+    gateways = {e["gateway"] for e in journal(run_dir) if e["event"] == "gateway_up"}
+    assert any(g.startswith(f"gw-g{grow}-") for g in gateways), gateways
