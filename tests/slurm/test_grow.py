@@ -42,7 +42,7 @@ def test_a_grown_gateway_takes_work_and_leaves_on_scancel_with_nothing_lost(slur
     assert out.returncode == 0, out.stderr
     grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
     node = wait_for("the grow job to start", lambda: next(
-        (e["nodes"][0] for e in _grow_events(run_dir) if e["event"] == "start"), None), 60)
+        (e["nodes"][0] for e in _grow_events(run_dir) if e["event"] == "start"), None), 180)
     gateway = f"gw-g{grow}-{node}"
     wait_for(f"{gateway} to finish a session and hold others", lambda: _held_by(run_dir, gateway)[1] > 0 and any(
         r["session"] in _assigned_to(run_dir, gateway) for r in results(run_dir)), 120, 0.2)
