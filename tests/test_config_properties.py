@@ -142,7 +142,10 @@ def _toml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
+    if isinstance(value, str):  # a TOML basic string: quote, backslash and control characters escaped
+        return '"' + "".join("\\" + c if c in '"\\' else f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c
+                             for c in value) + '"'
+    return repr(value)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
