@@ -10,8 +10,8 @@
   fails (no accounting on the cluster) `AccountingUnavailable` says sacct's own words.
 - `cut_gpu_s(run_dir, cut_s)`: GPU-seconds of session time a stop cut short, as the run's GPUs per
   session slot (the share of the engines each slot had) times those seconds.
-- `account(run_dir)`: the jobs the run's driver journal names (its `start` events) and its grow
-  jobs (`journal/grow.jsonl`, launch/grow.py), their lives since the run was made (its `topology.yaml`),
+- `account(run_dir)`: the jobs the run's driver journal names (its `start` events), their lives
+  since the run was made (its `topology.yaml`),
   and the run's products as `RunReader` reads them (accepted trajectories, trainable tokens),
   with GPU-hours and CPU-hours per accepted trajectory and the GPU-seconds known wasted (`cut` by
   stops; engines' idle time is not measured). `write(run_dir, figures)` saves it in one rename,
@@ -30,7 +30,6 @@ from typing import Any
 from polar_hpc import nofollow
 from polar_hpc.config import load_topology
 from polar_hpc.errors import ToolFailed
-from polar_hpc.launch import grow
 from polar_hpc.observe.run import ACCOUNTING, RunReader
 from polar_hpc.orchestrator.journal import progress, read_jsonl
 
@@ -99,7 +98,6 @@ def cut_gpu_s(run_dir: Path, cut_s: float) -> tuple[float, int, int]:
 def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
     jobs = list(dict.fromkeys(str(e["job"]) for e in read_jsonl(run_dir / "journal" / "driver.jsonl")
                               if e.get("event") == "start" and e.get("job")))
-    jobs += [j for j in grow.jobs(run_dir) if j not in jobs]
     if not jobs:
         raise AccountingUnavailable("no Slurm job has started for this run")
     found = lives(jobs, (run_dir / "topology.yaml").stat().st_mtime - 1, sacct)
