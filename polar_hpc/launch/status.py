@@ -173,12 +173,15 @@ def cost(run_dir: Path) -> str:
         figures = accounting.account(run_dir)
     except accounting.AccountingUnavailable as e:
         return f"cost: not known ({e})"
-    accounting.write(run_dir, figures)
+    try:
+        saved = f"in {accounting.write(run_dir, figures)}"
+    except OSError as e:  # a run directory this user may read but not write
+        saved = f"not saved: {e}"
     each = figures["gpu_hours_per_accepted"]
     return (f"cost: {figures['gpu_hours']:.3f} GPU-hours, {figures['cpu_hours']:.3f} CPU-hours over "
             f"{len(figures['lives'])} job lives; {figures['accepted_trajectories']} accepted trajectories"
             + (f", {each:.4f} GPU-hours each" if each is not None else "")
-            + f"; {figures['trainable_tokens']} trainable tokens (in {run_dir / accounting.ACCOUNTING})")
+            + f"; {figures['trainable_tokens']} trainable tokens ({saved})")
 
 
 _NOT_STARTED = ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING")  # no driver runs
