@@ -1,7 +1,8 @@
 """Liveness: the orchestrator's heartbeats to its members, and the members gone silent.
 
 Members are the registered gateways and engines. Every message a member sends counts as a sign of
-life (`heard`: a peer that never registered is not tracked, so no stranger fills the table); each
+life (`heard`: a peer that never registered is not tracked, so no stranger fills the table; an engine lost to
+silence is registered again when heard, a gateway is not: its sessions already run elsewhere); each
 `beat` sends every member a Heartbeat and hands each member silent for longer than
 `gateway.peer_timeout_s` to the part that registered it: a gateway to the scheduler (its sessions
 run again elsewhere), an engine to the registry (it leaves the engine list).
@@ -26,7 +27,7 @@ class Watch:
         return list(self.scheduler.gateways) + list(self.registry.engines)
 
     def heard(self, identity: bytes) -> None:
-        if identity in self.scheduler.gateways or identity in self.registry.engines:
+        if identity in self.scheduler.gateways or identity in self.registry.engines or self.registry.back(identity):
             self.peers.heard(identity)
 
     def beat(self) -> None:

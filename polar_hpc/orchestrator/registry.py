@@ -1,13 +1,15 @@
 """The engine registry and weight updates: which engines serve the run, with which weights.
 
-Engine steps register (EngineHello), heartbeat, and leave (EngineBye) or go silent (`lose`); every
-change of the live set is journaled and relayed to every gateway as Engines (`listing`), which its
-proxy routes over. Engines given with `--engine-url` (static) are not registered but take weight
-updates too. UpdateWeights (`request`) makes every engine load new weights (`engines.kinds`: the
-run's engine kind's `weights`, in the request's mode or `service.weight_update_mode`), one update
-at a time; the trainer that asked gets WeightsUpdated once all have answered. The newest version
-(`policy`) is the one loaded by at least one engine (or asked for while none is up); an engine
-that registers later with other weights (a restarted engine step) is given the newest at once.
+Engine steps register (EngineHello), heartbeat, and leave (EngineBye) or go silent (`lose`); an
+engine lost to silence that is heard again (a stalled node, a starved step) is registered again as
+it was (`back`), and given the newest weights if it missed an update. Every change of the live set
+is journaled and relayed to every gateway as Engines (`listing`), which its proxy routes over.
+Engines given with `--engine-url` (static) are not registered but take weight updates too.
+UpdateWeights (`request`) makes every engine load new weights (`engines.kinds`: the run's engine
+kind's `weights`, in the request's mode or `service.weight_update_mode`), one update at a time; the
+trainer that asked gets WeightsUpdated once all have answered. The newest version (`policy`) is the
+one loaded by at least one engine (or asked for while none is up); an engine that registers later
+with other weights (a restarted engine step) is given the newest at once.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Registry:
         self.engines: dict[bytes, wire.EngineHello] = {}
         self.static = {url: weight_version for url in static_urls}  # url -> version
         self.down: dict[str, wire.Member] = {}  # engine id -> the engine as last seen
+        self.silent: dict[bytes, wire.EngineHello] = {}  # engines lost to silence, until heard again or gone
         self.policy = weight_version  # the newest weight version
         self.latest: wire.UpdateWeights | None = None  # engines that register later load these
         self.lock = asyncio.Lock()
@@ -48,9 +51,19 @@ class Registry:
         if latest is not None and msg.weight_version != latest.weight_version:  # a restarted engine step
             asyncio.get_running_loop().create_task(self.update(None, latest, [msg.url]))
 
+    def back(self, identity: bytes) -> bool:
+        """An engine lost to silence is heard again: registered again (True), as it last was."""
+        engine = self.silent.pop(identity, None)
+        if engine is not None:
+            log.warning("engine %s at %s is heard again", engine.engine_id, engine.url)
+            self.hello(identity, engine)
+        return engine is not None
+
     def lose(self, identity: bytes, why: str) -> None:
-        engine = self.engines.pop(identity, None)
+        engine = self.engines.pop(identity, None) or self.silent.pop(identity, None)
         self.peers.forget(identity)
+        if engine is not None and why == "silent":
+            self.silent[identity] = engine
         if engine is not None:
             log.warning("engine %s at %s is %s", engine.engine_id, engine.url, why)
             self.down[engine.engine_id] = wire.Member("engine", engine.engine_id, engine.host, False, detail=why)

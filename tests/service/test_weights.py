@@ -2,7 +2,8 @@
 loads and continues; calls in flight finish (none lost) on the old version, later calls report
 the new one, and the run's status shows the version each engine serves. Sessions that end more
 versions after their dispatch than their batch's max_staleness allows are marked stale. An unknown
-update mode is refused (per update, and in the topology before the run starts)."""
+update mode is refused (per update, and in the topology before the run starts). An engine lost to
+silence that is heard again is registered again and given the weights it missed."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from polar_hpc.client import Client
 from polar_hpc.config import ConfigError
 from polar_hpc.errors import WeightUpdateFailed
 from tests.conftest import polar
-from tests.orchestrator.helpers import assigned, start_orchestrator
+from tests.orchestrator.helpers import assigned, start_orchestrator, wait_for
 from tests.proxy.helpers import wait_gauge
 
 
@@ -156,6 +157,40 @@ def test_an_engine_that_registers_later_gets_the_newest_weights(tmp_path: Path) 
                 time.sleep(0.05)
         info = json.loads(urllib.request.urlopen(f"{url}/get_model_info", timeout=10).read())
         assert info["weight_version"] == "v3"
+    finally:
+        step.close()
+        for proc in (engine, orchestrator):
+            proc.kill()
+            proc.wait()
+
+
+def test_an_engine_lost_to_silence_is_registered_again_when_heard_with_the_weights_it_missed(tmp_path: Path) -> None:
+    engine, url = _start_engine(tmp_path)
+    topology = "service:\n  enabled: true\ngateway:\n  heartbeat_s: 0.1\n  peer_timeout_s: 1.0\n"
+    orchestrator, endpoint = start_orchestrator(tmp_path, topology, None)
+    step = zmq.Context.instance().socket(zmq.DEALER)
+    step.setsockopt(zmq.LINGER, 0)
+
+    def engine_member() -> wire.Member:
+        return {m.name: m for m in client.run_status().members}["e0"]
+
+    try:
+        with Client(tmp_path, timeout_s=30) as client:
+            step.connect(endpoint)
+            step.send(wire.encode(wire.EngineHello(engine_id="e0", url=url, weight_version="v0", host="h")))
+            wait_for(lambda: "e0" in {m.name for m in client.run_status().members}, "e0 registered")
+            # the step stays silent (a stalled node): lost after peer_timeout_s, and it misses an update
+            wait_for(lambda: not engine_member().up, "e0 lost to silence")
+            assert engine_member().detail == "silent"
+            assert client.update_weights(tmp_path / "w4", "v4").engines == []
+            step.send(wire.encode(wire.Heartbeat(sender="h", t=time.time())))  # heard again
+            wait_for(lambda: engine_member().up and engine_member().detail == f"{url} weights v4",
+                     "e0 registered again and given v4")
+        info = json.loads(urllib.request.urlopen(f"{url}/get_model_info", timeout=10).read())
+        assert info["weight_version"] == "v4"
+        journal = [json.loads(line) for line in (tmp_path / "journal" / "orchestrator.jsonl").read_text().splitlines()]
+        assert [(e["event"], e.get("reason")) for e in journal if e["event"] in ("engine_up", "engine_down")][:3] == [
+            ("engine_up", None), ("engine_down", "silent"), ("engine_up", None)]
     finally:
         step.close()
         for proc in (engine, orchestrator):
