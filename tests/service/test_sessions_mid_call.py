@@ -19,7 +19,7 @@ from service.helpers import samples_begun, service_job
 HARNESS = Path(__file__).parent / "data" / "one_call.py"
 TOPOLOGY = """
 service: {enabled: true}
-engine: {token_delay_ms: 400, sample_log: true}  # the log gets a line as each generation begins
+engine: {token_delay_ms: 1500, sample_log: true}  # the log gets a line as each generation begins
 sandbox: {backend: none}
 gateway:
   pools: {init: 64, ready: 0, run: 64, postrun: 16}
@@ -37,7 +37,9 @@ def test_update_weights_while_64_sessions_are_mid_call(tmp_path: Path) -> None:
     with service_job(tmp_path, TOPOLOGY) as (job, run_dir), Client(run_dir) as client:
         busy = client.submit([_task("busy", 64)])
         deadline = time.monotonic() + 120
-        while len(samples_begun(run_dir)) < 64:  # every harness's call is decoding (24 tokens x 400 ms)
+        # every harness's call is decoding: 24 tokens x 1.5 s holds the first in flight for 36 s, while the
+        # other 63 begin and status answers (on a loaded 2-core machine they took over 10 s)
+        while len(samples_begun(run_dir)) < 64:
             assert time.monotonic() < deadline, client.status(busy)
             time.sleep(0.05)
         assert client.run_status().versions_in_flight == {"v0": 64}

@@ -1,7 +1,7 @@
 """A real vLLM through its engine step and a real orchestrator (one vLLM for the module): the step
 starts it from `engine.python`, waits for /health and registers it; the run's key guards every route
 but /health (the weight-update routes included); weight updates in both modes while streamed calls
-are in flight: `wait` lets them finish, `abort` ends them aborted; greedy output changes with a
+are held in flight (vLLM's pause `keep`): `wait` lets them finish, `abort` ends them aborted; greedy output changes with a
 perturbed checkpoint and comes back bit-identical (ids and logprobs) with the original; a path
 that holds no checkpoint fails the update and leaves the engine serving, unpaused, on its version;
 the versions the run reports are the ones the updates set; SIGTERM deregisters the server and
@@ -34,7 +34,7 @@ from tests.vllm.model import perturbed as perturb
 from vllm.conftest import vllm_python
 
 PORT = 18200
-SHORT, LONG = 400, 4000  # streamed tokens in wait and abort updates; LONG fits --max-model-len and 4096 positions
+LONG = 4000  # streamed tokens of each call held across an update: fits --max-model-len and 4096 positions
 pytestmark = pytest.mark.timeout(1200)
 
 
@@ -83,7 +83,7 @@ async def _complete(http: aiohttp.ClientSession, url: str, max_tokens: int) -> t
 
 
 async def _stream(http: aiohttp.ClientSession, url: str, started: asyncio.Event, max_tokens: int) -> dict:
-    """A long streamed call: its finish reason, how many tokens it got, and when it ended."""
+    """A long streamed call: its finish reason and how many tokens it got."""
     body = {"model": "tiny", "prompt": "Count on:", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "return_token_ids": True}
     tokens, finish = 0, None
@@ -97,21 +97,22 @@ async def _stream(http: aiohttp.ClientSession, url: str, started: asyncio.Event,
             finish = choice.get("finish_reason") or finish
             if tokens >= 8:
                 started.set()
-    return {"finish": finish, "tokens": tokens, "ended": time.monotonic()}
+    return {"finish": finish, "tokens": tokens}
 
 
 async def _update_while_streaming(client: Client, url: str, key: str, path: Path, version: str, mode: str):
-    """Two streamed calls, then the update once both decode: `wait` calls are short enough to end
-    after it; `abort` calls are as long as the context allows, so the update reaches them mid-stream
-    however fast the tiny model decodes on this machine."""
-    max_tokens = SHORT if mode == "wait" else LONG
+    """Two streamed calls, frozen mid-stream by vLLM's own pause `keep` once both decode, then the
+    update: it reaches them in flight however fast or slow this machine decodes (its `wait` pause
+    lets them drain, its `abort` pause ends them)."""
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
         events = [asyncio.Event() for _ in range(2)]
-        calls = [asyncio.create_task(_stream(http, url, e, max_tokens)) for e in events]
+        calls = [asyncio.create_task(_stream(http, url, e, LONG)) for e in events]
         await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)  # both are decoding
+        async with http.post(f"{url}/pause", params={"mode": "keep"}, json={}) as r:
+            assert r.status == 200, await r.text()
+        assert not any(c.done() for c in calls)  # held in flight: no token is sampled while paused
         update = await asyncio.to_thread(client.update_weights, path, version, mode)
-        updated = time.monotonic()
-        return update, updated, await asyncio.gather(*calls)
+        return update, await asyncio.gather(*calls)
 
 
 def _greedy(url: str, key: str) -> tuple[list[int], list[float]]:
@@ -164,15 +165,15 @@ def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
         original = _greedy(url, key)
         assert _greedy(url, key) == original  # greedy is deterministic here
 
-        update, updated, calls = asyncio.run(_update_while_streaming(client, url, key, perturbed, "v1", "wait"))
+        update, calls = asyncio.run(_update_while_streaming(client, url, key, perturbed, "v1", "wait"))
         assert update.errors == [] and update.engines == [url] and update.mode == "wait", update
-        assert [c["finish"] for c in calls] == ["length", "length"] and [c["tokens"] for c in calls] == [SHORT, SHORT]
-        assert all(c["ended"] <= updated for c in calls)  # the update waited for them
+        # held in flight when the update began, they ran to their end rather than being aborted
+        assert [c["finish"] for c in calls] == ["length", "length"] and [c["tokens"] for c in calls] == [LONG, LONG]
         changed = _greedy(url, key)
         assert changed[0] != original[0]
         assert _engine_detail(client) == [f"{url} weights v1"]
 
-        update, updated, calls = asyncio.run(_update_while_streaming(client, url, key, model, "v2", "abort"))
+        update, calls = asyncio.run(_update_while_streaming(client, url, key, model, "v2", "abort"))
         assert update.errors == [] and update.engines == [url] and update.mode == "abort", update
         assert [c["finish"] for c in calls] == ["abort", "abort"] and all(c["tokens"] < LONG for c in calls), calls
         assert _greedy(url, key) == original  # bit-identical: ids and logprobs
