@@ -10,11 +10,14 @@
   fails (no accounting on the cluster) `AccountingUnavailable` says sacct's own words.
 - `cut_gpu_s(run_dir, cut_s)`: GPU-seconds of session time a stop cut short, as the run's GPUs per
   session slot (the share of the engines each slot had) times those seconds.
+- `idle_gpu_s(run_dir)`: GPU-seconds the engines sat with no request running or waiting, from the
+  orchestrator's engine readings in metrics.jsonl (`observe.idle`), as the run's GPUs per engine
+  times those engine-seconds.
 - `account(run_dir)`: the jobs the run's driver journal names (its `start` events), their lives
   since the run was made (its `topology.yaml`),
   and the run's products as `RunReader` reads them (accepted trajectories, trainable tokens),
   with GPU-hours and CPU-hours per accepted trajectory and the GPU-seconds known wasted (`cut` by
-  stops; engines' idle time is not measured). `write(run_dir, figures)` saves it in one rename,
+  stops, `idle_engines`). `write(run_dir, figures)` saves it in one rename,
   never through a link; the dashboard shows it (`RunReader.accounting`).
 """
 
@@ -28,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from polar_hpc import nofollow
-from polar_hpc.config import load_topology
+from polar_hpc.config import Topology, load_topology
 from polar_hpc.errors import ToolFailed
+from polar_hpc.observe.idle import EngineIdle, engine_idle
 from polar_hpc.observe.run import ACCOUNTING, RunReader
 from polar_hpc.orchestrator.journal import progress, read_jsonl
 
@@ -85,14 +89,25 @@ def _tres(text: str) -> dict[str, int]:
     return counts
 
 
+def _gpus(topology: Topology) -> int:
+    gpu = topology.slurm.gpu
+    count = gpu.gres.rpartition(":")[2] if gpu.gres else ""  # --gres=gpu[:type]:N
+    return gpu.nodes * (int(count) if count.isdigit() else gpu.gpus)
+
+
 def cut_gpu_s(run_dir: Path, cut_s: float) -> tuple[float, int, int]:
     """(GPU-seconds, GPUs, session slots) of `cut_s` session-seconds cut short by stops."""
     topology = load_topology(run_dir / "topology.yaml")
-    gpu = topology.slurm.gpu
-    count = gpu.gres.rpartition(":")[2] if gpu.gres else ""  # --gres=gpu[:type]:N
-    gpus = gpu.nodes * (int(count) if count.isdigit() else gpu.gpus)
-    slots = topology.slurm.cpu.nodes * topology.gateway.pools.run
+    gpus, slots = _gpus(topology), topology.slurm.cpu.nodes * topology.gateway.pools.run
     return cut_s * gpus / max(1, slots), gpus, slots
+
+
+def idle_gpu_s(run_dir: Path) -> tuple[float, EngineIdle, int]:
+    """(GPU-seconds, the engines' idle figures, GPUs) the engines spent with no request running or
+    waiting: their idle engine-seconds times the run's GPUs per engine (over the most engines up)."""
+    topology = load_topology(run_dir / "topology.yaml")
+    idle, gpus = engine_idle(run_dir, topology.metrics.interval_s), _gpus(topology)
+    return idle.idle_s * gpus / max(1, idle.most_up), idle, gpus
 
 
 def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
@@ -114,7 +129,8 @@ def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
         "accepted_trajectories": accepted, "trainable_tokens": o["trainable_tokens"], "tokens": o["tokens"],
         "gpu_hours_per_accepted": gpu_h / accepted if accepted else None,
         "cpu_hours_per_accepted": cpu_h / accepted if accepted else None,
-        "wasted_gpu_s": {"cut_by_stops": cut_gpu_s(run_dir, p.cut_s)[0] if p.cut else 0.0},
+        "wasted_gpu_s": {"cut_by_stops": cut_gpu_s(run_dir, p.cut_s)[0] if p.cut else 0.0,
+                         "idle_engines": idle_gpu_s(run_dir)[0]},
     }
 
 

@@ -155,8 +155,9 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
 
 
 def waste(run_dir: Path, p: Progress) -> list[str]:
-    """Sessions held by walltime admission, and the GPU time lost to attempts a stop cut short: their
-    seconds since dispatch times the run's GPUs per session slot (the share of the engines each had)."""
+    """Sessions held by walltime admission, the GPU time lost to attempts a stop cut short (their
+    seconds since dispatch times the run's GPUs per session slot, the share of the engines each had),
+    and the GPU time engines sat idle (`accounting.idle_gpu_s`)."""
     lines = []
     if p.held:
         lines.append(f"held: {p.held} sessions not started, their timeout_s cannot end before the allocation does")
@@ -164,6 +165,13 @@ def waste(run_dir: Path, p: Progress) -> list[str]:
         wasted, gpus, slots = accounting.cut_gpu_s(run_dir, p.cut_s)
         lines.append(f"cut by stops: {p.cut} sessions, {p.cut_s:.0f} session-seconds, wasted "
                      f"{wasted:.0f} GPU-seconds ({gpus} GPUs / {slots} session slots)")
+    wasted, idle, gpus = accounting.idle_gpu_s(run_dir)
+    if idle.idle_s:
+        share = idle.idle_s / (idle.idle_s + idle.busy_s)
+        on_slurm = nofollow.is_file(run_dir / "journal" / "driver.jsonl")  # a local run's engines hold no GPUs
+        lines.append(f"idle engines: {idle.idle_s:.0f} engine-seconds with no request running or waiting "
+                     f"({share:.0%} of their time)" + (f", wasted {wasted:.0f} GPU-seconds ({gpus} GPUs / "
+                                                       f"{idle.most_up} engines)" if on_slurm else ""))
     return lines
 
 

@@ -101,6 +101,7 @@ def test_calculator_hetjob(slurm, tmp_path: Path, calculator_dir: Path) -> None:
     assert (life["gpu_s"], life["cpu_s"]) == (2 * life["elapsed_s"], 3 * life["elapsed_s"]), life
     assert cost["gpu_hours"] == pytest.approx(life["gpu_s"] / 3600) and cost["accepted_trajectories"] == 8
     assert cost["gpu_hours_per_accepted"] == pytest.approx(cost["gpu_hours"] / 8)
+    assert 0 <= cost["wasted_gpu_s"]["idle_engines"] <= life["gpu_s"], cost  # from the engines' own gauges
     assert (run_dir / "keys").stat().st_mode & 0o777 == 0o700
     assert (run_dir / "keys" / "client.json").stat().st_mode & 0o777 == 0o600
 
