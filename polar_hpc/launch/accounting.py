@@ -8,8 +8,9 @@
   allocated `gres/gpu` and `cpu` (AllocTRES). A life still running counts up to now (End
   `Unknown`). One `sacct` call, bounded in time (`TIMEOUT_S`) and output (`MAX_BYTES`); where it
   fails (no accounting on the cluster) `AccountingUnavailable` says sacct's own words.
-- `cut_gpu_s(run_dir, cut_s)`: GPU-seconds of session time a stop cut short, as the run's GPUs per
-  session slot (the share of the engines each slot had) times those seconds.
+- `slot_gpu_s(run_dir, session_s)`: GPU-seconds of session time a stop cut short (or a decided
+  group's tail ran), as the run's GPUs per session slot (the share of the engines each slot had)
+  times those seconds.
 - `idle_gpu_s(run_dir)`: GPU-seconds the engines sat with no request running or waiting, from the
   orchestrator's engine readings in metrics.jsonl (`observe.idle`), as the run's GPUs per engine
   times those engine-seconds.
@@ -17,7 +18,7 @@
   since the run was made (its `topology.yaml`),
   and the run's products as `RunReader` reads them (accepted trajectories, trainable tokens),
   with GPU-hours and CPU-hours per accepted trajectory and the GPU-seconds known wasted (`cut` by
-  stops, `idle_engines`). `write(run_dir, figures)` saves it in one rename,
+  stops, `discarded_by_overprovisioning`, `idle_engines`). `write(run_dir, figures)` saves it in one rename,
   never through a link; the dashboard shows it (`RunReader.accounting`).
 """
 
@@ -95,11 +96,12 @@ def _gpus(topology: Topology) -> int:
     return gpu.nodes * (int(count) if count.isdigit() else gpu.gpus)
 
 
-def cut_gpu_s(run_dir: Path, cut_s: float) -> tuple[float, int, int]:
-    """(GPU-seconds, GPUs, session slots) of `cut_s` session-seconds cut short by stops."""
+def slot_gpu_s(run_dir: Path, session_s: float) -> tuple[float, int, int]:
+    """(GPU-seconds, GPUs, session slots) of `session_s` session-seconds (cut short by stops, or
+    discarded by over-provisioning): the run's GPUs per session slot times those seconds."""
     topology = load_topology(run_dir / "topology.yaml")
     gpus, slots = _gpus(topology), topology.slurm.cpu.nodes * topology.gateway.pools.run
-    return cut_s * gpus / max(1, slots), gpus, slots
+    return session_s * gpus / max(1, slots), gpus, slots
 
 
 def idle_gpu_s(run_dir: Path) -> tuple[float, EngineIdle, int]:
@@ -129,7 +131,8 @@ def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
         "accepted_trajectories": accepted, "trainable_tokens": o["trainable_tokens"], "tokens": o["tokens"],
         "gpu_hours_per_accepted": gpu_h / accepted if accepted else None,
         "cpu_hours_per_accepted": cpu_h / accepted if accepted else None,
-        "wasted_gpu_s": {"cut_by_stops": cut_gpu_s(run_dir, p.cut_s)[0] if p.cut else 0.0,
+        "wasted_gpu_s": {"cut_by_stops": slot_gpu_s(run_dir, p.cut_s)[0] if p.cut else 0.0,
+                         "discarded_by_overprovisioning": slot_gpu_s(run_dir, p.discarded_s)[0] if p.discarded else 0.0,
                          "idle_engines": idle_gpu_s(run_dir)[0]},
     }
 

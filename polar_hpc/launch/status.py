@@ -155,16 +155,18 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
 
 
 def waste(run_dir: Path, p: Progress) -> list[str]:
-    """Sessions held by walltime admission, the GPU time lost to attempts a stop cut short (their
-    seconds since dispatch times the run's GPUs per session slot, the share of the engines each had),
-    and the GPU time engines sat idle (`accounting.idle_gpu_s`)."""
+    """Sessions held by walltime admission, the GPU time lost to attempts a stop cut short or a
+    decided group's tail ran (their seconds since dispatch times the run's GPUs per session slot, the
+    share of the engines each had), and the GPU time engines sat idle (`accounting.idle_gpu_s`)."""
     lines = []
     if p.held:
         lines.append(f"held: {p.held} sessions not started, their timeout_s cannot end before the allocation does")
-    if p.cut:
-        wasted, gpus, slots = accounting.cut_gpu_s(run_dir, p.cut_s)
-        lines.append(f"cut by stops: {p.cut} sessions, {p.cut_s:.0f} session-seconds, wasted "
-                     f"{wasted:.0f} GPU-seconds ({gpus} GPUs / {slots} session slots)")
+    for what, n, seconds in (("cut by stops", p.cut, p.cut_s), ("discarded by over-provisioning", p.discarded,
+                                                                 p.discarded_s)):
+        if n:
+            wasted, gpus, slots = accounting.slot_gpu_s(run_dir, seconds)
+            lines.append(f"{what}: {n} sessions, {seconds:.0f} session-seconds, wasted "
+                         f"{wasted:.0f} GPU-seconds ({gpus} GPUs / {slots} session slots)")
     wasted, idle, gpus = accounting.idle_gpu_s(run_dir)
     if idle.idle_s:
         share = idle.idle_s / (idle.idle_s + idle.busy_s)

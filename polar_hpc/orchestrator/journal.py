@@ -155,6 +155,8 @@ class Progress:
     held: int = 0  # (task, sample) keys held by walltime admission and not run since
     cut: int = 0  # attempts cut short by a stop (`interrupted`)
     cut_s: float = 0.0  # the seconds those attempts had run since their dispatch
+    discarded: int = 0  # attempts of a decided group's tail (over-provisioning) that had been dispatched
+    discarded_s: float = 0.0  # the seconds they ran, dispatch to result
 
     @property
     def left(self) -> int:
@@ -166,10 +168,13 @@ def progress(run_dir: Path) -> Progress:
     done: FirstResults[str] = FirstResults()
     held: set[tuple[str, int]] = set()
     dispatched: dict[str, float] = {}  # session -> when it was assigned
+    accepted: dict[str, set] = {}  # task -> the samples of its decided group
     p = Progress()
     for event in _events(run_dir):
         key = _key(event.get("session", ""))
         kind = event.get("event")
+        if kind == "decided" and isinstance(event.get("task"), str) and isinstance(event.get("accepted"), list):
+            accepted[event["task"]] = set(event["accepted"])
         if key is not None:
             keys.add(key[:2])
             if kind == "result":
@@ -183,6 +188,9 @@ def progress(run_dir: Path) -> Progress:
             elif kind == "interrupted" and event["session"] in dispatched:
                 p.cut += 1
                 p.cut_s += max(0.0, event.get("t", 0.0) - dispatched.pop(event["session"]))
+            elif kind == "result" and event["session"] in dispatched and key[1] not in accepted.get(key[0], (key[1],)):
+                p.discarded += 1
+                p.discarded_s += max(0.0, event.get("t", 0.0) - dispatched.pop(event["session"]))
         elif kind == "shutdown":
             p.shutdown = event
     p.total, p.ended, p.held = (max(len(keys), task_file_sessions(run_dir / "tasks.jsonl")), Counter(done.values()),

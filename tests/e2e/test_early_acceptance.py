@@ -1,5 +1,6 @@
 """`polar-hpc run` with early acceptance: a group of 2 + 2 whose tail never ends on its own is decided
-at 2, the tail is cancelled (its sandboxes' processes gone), and a trainer gets the decided group only."""
+at 2, the tail is cancelled (its sandboxes' processes gone), status counts the tail's session time
+as discarded, and a trainer gets the decided group only."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ def test_group_is_decided_at_accept_and_its_slow_tail_cancelled(tmp_path: Path) 
     assert (decided["accepted"], decided["cancelled"]) == ([0, 1], [2, 3])
     results = {e["sample"]: (e["status"], e["shard"]) for e in events if e["event"] == "result"}
     assert results[2] == results[3] == ("cancelled", "")
+    shown = polar("status", run_dir)  # the tail ran (its processes were there to end): its time was discarded
+    assert shown.returncode == 0 and "discarded by over-provisioning: 2 sessions" in shown.stdout, shown.stdout
 
     (group,) = list(Follower(run_dir, group_by_task=True, poll_s=0.01, idle_timeout_s=10))
     assert [(t.sample_index, t.status, t.reward) for t in group] == [(0, "completed", 1.0), (1, "completed", 1.0)]
