@@ -44,7 +44,7 @@ import aiohttp
 
 from polar_hpc import procs
 from polar_hpc.proxy.tito import Renderer
-from rounds import Gateway, positive, run_round, start  # bench/rounds.py
+from rounds import Gateway, positive, proxy_args, run_round, start  # bench/rounds.py
 
 ASK = "What is 17 * 23 + 4?"
 PROXIES = {"tito": "tito", "passthrough": "passthrough"}  # target name (the proxy's id): mode
@@ -128,9 +128,8 @@ def main() -> None:
         try:
             gateway.wait_records(0)  # its process answers: it is bound before a proxy says hello
             for proxy_id, mode in PROXIES.items():
-                child, proxy_url = start(proxy_id, [
-                    "proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", url, "--engine-kind", "vllm",
-                    "--model", args.model, "--mode", mode, "--proxy-id", proxy_id], tmp)
+                child, proxy_url = start(proxy_id, proxy_args(
+                    proxy_id, tmp, url, mode, engine_kind="vllm", model=args.model), tmp)
                 children.append(child)
                 pids[proxy_id] = {"cpu": child.proc.pid}
                 callers[proxy_id] = Caller(proxy_id, proxy_url, args.model, args.max_tokens, renderer)

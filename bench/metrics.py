@@ -34,7 +34,7 @@ from pathlib import Path
 import aiohttp
 
 from polar_hpc import metrics, procs
-from rounds import Gateway, positive, run_round, start  # bench/rounds.py
+from rounds import Gateway, positive, proxy_args, run_round, start  # bench/rounds.py
 
 TARGETS = {"on": "1", "off": "0"}  # proxy id: its snapshot interval (0: metrics off)
 MIN_SESSIONS = 64
@@ -83,8 +83,7 @@ def cost(concurrency: list[int], rounds: int, seed: int) -> dict:
         try:
             for proxy_id, every_s in TARGETS.items():
                 os.environ[metrics.ENV] = every_s  # the proxy's environment: metrics on or off
-                child, url = start(proxy_id, ["proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url",
-                                              engine_url, "--mode", "tito", "--proxy-id", proxy_id], tmp)
+                child, url = start(proxy_id, proxy_args(proxy_id, tmp, engine_url, "tito"), tmp)
                 children.append(child)
                 pids[proxy_id] = child.proc.pid
                 urls[proxy_id] = url + "/v1/chat/completions"

@@ -93,7 +93,7 @@ from polar_hpc.engines.scripted.chat_format import ASSET_DIR
 from polar_hpc.proxy.calls import Call, Outcome, ToolCall, assistant_message, new_id
 from polar_hpc.proxy.tito import Chains, Renderer
 from polar_hpc.proxy.tool_parsers import parser_for
-from rounds import Gateway, free_port, pin, positive, run_round, start  # bench/rounds.py
+from rounds import Gateway, free_port, pin, positive, proxy_args, run_round, start  # bench/rounds.py
 
 TOOLS = [{"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression.",
@@ -202,8 +202,7 @@ def first_call(tmp: Path, gateway: Gateway) -> float:
     that decodes at once (both stopped after)."""
     engine, engine_url = start("engine-first", ["engine", "--kind", "scripted", "--port", "0"], tmp)
     t0 = time.perf_counter()
-    child, url = start("tito-first", ["proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", engine_url,
-                                      "--mode", "tito", "--proxy-id", "tito-first"], tmp)
+    child, url = start("tito-first", proxy_args("tito-first", tmp, engine_url, "tito"), tmp)
     gateway.open("tito-first", ["tito-first-0-0"])
 
     async def one() -> None:
@@ -286,9 +285,7 @@ def main() -> None:
             print(f"tito_first_call_ms {results['tito_first_call_ms']:.1f}", file=sys.stderr, flush=True)
             urls, procs_of = {"direct_chat": engine_url}, {}
             for name, mode in PROXIES.items():
-                child, urls[name] = start(name, [
-                    "proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", engine_url,
-                    "--mode", mode, "--proxy-id", name], tmp)
+                child, urls[name] = start(name, proxy_args(name, tmp, engine_url, mode), tmp)
                 children.append(child)
                 procs_of[name] = child.proc.pid
             router, urls["router"] = start_router(engine_url, tmp)

@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from polar_hpc import procs
-from rounds import Gateway, start  # bench/rounds.py
+from rounds import Gateway, proxy_args, start  # bench/rounds.py
 
 SIZES_MB = (1, 10, 28)
 MODEL = "polar-scripted"
@@ -49,8 +49,7 @@ def main() -> None:
         try:
             for size in SIZES_MB:
                 name = f"memory-{size}"
-                proxy, url = start(name, ["proxy", "--gateway", f"ipc://{tmp}/gw.ipc", "--engine-url", engine_url,
-                                          "--mode", "tito", "--proxy-id", name], tmp)
+                proxy, url = start(name, proxy_args(name, tmp, engine_url, "tito"), tmp)
                 try:
                     gateway.open(name, [name])
                     base = _kib(proxy.proc.pid, "VmRSS")

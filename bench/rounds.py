@@ -90,6 +90,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def proxy_args(name: str, tmp: Path, engine_url: str, mode: str, engine_kind: str = "scripted",
+               model: str = "polar-scripted") -> list[str]:
+    """`polar-hpc proxy`'s arguments for a proxy `name` of the Gateway at ipc://TMP/gw.ipc, as a
+    gateway writes them (a topology's defaults but `mode`)."""
+    launch = wire.ProxyLaunch(gateway=f"ipc://{tmp}/gw.ipc", engine_urls=[engine_url], model=model,
+                              engine_kind=engine_kind, heartbeat_s=1.0, peer_timeout_s=10.0,
+                              settings=wire.ProxySettings(mode=mode), proxy_id=name)
+    return ["proxy", launch.argument()]
+
+
 def start(name: str, args: list[str], tmp: Path) -> tuple[procs.Child, str]:
     ready = tmp / f"{name}.ready"
     child = procs.spawn(name, args + ["--ready-file", str(ready)], tmp / f"{name}.log")

@@ -92,36 +92,15 @@ def gateway(
 
 @app.command()
 def proxy(
-    gateway: str = typer.Option(..., help="The gateway's ipc endpoint."),
-    engine_url: list[str] = typer.Option(..., help="Engine base URL; repeat for several engines."),
-    host: str = typer.Option("127.0.0.1", help="Address harnesses connect to."),
-    port: int = typer.Option(0, help="TCP port; 0 picks a free one."),
+    launch: str = typer.Argument(
+        ..., help="Its settings, as JSON (polar_hpc.wire.ProxyLaunch: the gateway writes it from the topology)."),
     ready_file: Optional[Path] = typer.Option(None, help="Write {'url': ...} here once listening."),
-    model: str = typer.Option("polar-scripted", help="Model name the run serves."),
-    proxy_id: str = typer.Option("proxy", help="This proxy's name."),
-    heartbeat_s: float = typer.Option(1.0, help="Heartbeat period towards the gateway."),
-    peer_timeout_s: float = typer.Option(10.0, help="Exit when the gateway is silent this long."),
-    unix_socket: Optional[Path] = typer.Option(None, help="Also serve HTTP on this Unix socket path."),
-    mode: str = typer.Option("tito", help="Capture mode: tito (the proxy renders, /generate) or passthrough."),
-    tokenizer: Optional[str] = typer.Option(None, help="Model folder (tito; passthrough: its template)."),
-    tool_parser: str = typer.Option("auto", help="tito: tool-call format: auto, hermes or qwen3_coder."),
-    strict_model: bool = typer.Option(False, help="Refuse (404) requests naming another model."),
-    max_body_mb: float = typer.Option(32, min=0.001, help="Larger request bodies get 413."),
-    engine_wait_s: float = typer.Option(30, min=0, help="How long a call waits for an engine while none is up."),
-    engine_kind: str = typer.Option("scripted", help="The engines' kind (engine.kind): scripted, sglang or vllm."),
-    affinity_slack: int = typer.Option(
-        16, min=0, help="Requests a task's engine may carry over the least loaded and still get its next sample."),
-    engine_poll_s: float = typer.Option(1.0, min=0, help="Read each engine's /metrics for its load this often (0: never)."),
 ) -> None:
     """Serve LLM APIs to harnesses from the engines, recording every call (started by the gateway)."""
-    from polar_hpc.proxy.server import ProxyOptions, serve
+    from polar_hpc import wire
+    from polar_hpc.proxy.server import serve
 
-    opts = ProxyOptions(
-        gateway, tuple(engine_url), host, port, ready_file, model, proxy_id, heartbeat_s,
-        peer_timeout_s, unix_socket, mode, tokenizer, tool_parser, strict_model,
-        int(max_body_mb * (1 << 20)), engine_wait_s, engine_kind, affinity_slack, engine_poll_s,
-    )
-    raise typer.Exit(_guard(lambda: serve(opts)))
+    raise typer.Exit(_guard(lambda: serve(wire.proxy_launch(launch), ready_file)))
 
 
 @app.command()

@@ -7,7 +7,9 @@ inside it (no absolute path elsewhere, no `..`, no symbolic link). Text that rea
 or an environment (instruction, commands, env values) may not hold a NUL byte, env names must be
 valid. Files are read within bounds (polar_hpc.config_files); numbers are finite and bounded
 (MAX_SAMPLES, MAX_TIMEOUT_S, MAX_SESSIONS per file); task ids are `TASK_ID` without `..`, safe in
-paths and session ids. `task_file_sessions(path)` is the one count of the sessions a run's task file
+paths and session ids. A section a child process reads (`proxy:`) is a msgspec Struct of
+polar_hpc.wire, defined there once and validated here from that definition (`Settings`).
+`task_file_sessions(path)` is the one count of the sessions a run's task file
 asks for (a task without num_samples: DEFAULT_SAMPLES).
 """
 
@@ -19,23 +21,24 @@ import re
 import stat
 from collections import Counter
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Callable, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin, get_type_hints
 
+import msgspec
 import pydantic
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import core_schema
 
 from polar_hpc import nofollow
 from polar_hpc.config_files import MAX_DEPTH, MAX_JSONL_BYTES, ConfigError, nesting, read_json_line, read_text, read_yaml
+from polar_hpc.wire import MAX_COUNT, MAX_SECONDS, ProxySettings
 
 MAX_SAMPLES = 10_000  # num_samples of one task
 DEFAULT_SAMPLES = 1  # num_samples of a task that names none
 MAX_SESSIONS = 1_000_000  # sessions (tasks x num_samples) of one task file
 MAX_TIMEOUT_S = 7 * 86400.0  # a session's timeout_s
 MAX_MB = 1 << 24  # a task's memory_mb / storage_mb (16 TiB)
-MAX_COUNT = 1 << 20  # a count of the topology (pool slots, pids, nodes, cpus, restarts, queued sessions)
 MAX_BYTES = 1 << 50  # a size in bytes of the topology
-MAX_SECONDS = 30 * 86400.0  # a period or timeout of the topology
 MAX_INT = (1 << 63) - 1  # a number in a task's metadata: what every codec of ours (msgpack, JSON) carries
 SCRIPTED_CONTEXT = 65536  # the scripted engine's context: harnesses' own prompts (~31k) + 16k replies
 TASK_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@+=/-]{0,255}")
@@ -82,16 +85,39 @@ class GatewayConfig(_Model):
     shard_max_age_s: float = Field(60.0, gt=0, le=MAX_SECONDS)
 
 
-class ProxyConfig(_Model):
-    mode: Literal["tito", "passthrough"] = "tito"  # tito: the proxy renders; passthrough: the engine
-    port: int = Field(0, ge=0, le=65535)
-    tokenizer: str | None = None  # model folder (tito; passthrough: its chat template) (default: the engine's)
-    tool_parser: Literal["auto", "hermes", "qwen3_coder"] = "auto"
-    strict_model: bool = False  # refuse requests naming another model (default: serve ours)
-    max_body_mb: float = Field(32, gt=0, le=1 << 20)  # larger request bodies get 413
-    engine_wait_s: float = Field(30, ge=0, le=MAX_SECONDS)  # a call waits this long for an engine while none is up
-    affinity_slack: int = Field(16, ge=0, le=MAX_COUNT)  # requests a task's engine may carry over the least loaded
-    engine_poll_s: float = Field(1.0, ge=0, le=MAX_SECONDS)  # each engine's /metrics read this often (0: never)
+class Settings:
+    """`Annotated[S, Settings()]`: a field holding a msgspec Struct of settings S (defined in
+    polar_hpc.wire, which children decode without pydantic), validated by pydantic from S's own field
+    types, defaults and bounds (msgspec.Meta) with this module's strictness, so its errors name
+    the file, line and field as every other's do."""
+
+    def __get_pydantic_core_schema__(self, source: type, handler: pydantic.GetCoreSchemaHandler) -> Any:
+        hints = get_type_hints(source, include_extras=True)
+        fields: dict[str, Any] = {f.name: (_bounded(hints[f.name]), _default(f)) for f in msgspec.structs.fields(source)}
+        model = pydantic.create_model(source.__name__, __base__=_Model, **fields)
+        return core_schema.no_info_after_validator_function(
+            lambda m: source(**dict(m)), handler.generate_schema(model),
+            serialization=core_schema.plain_serializer_function_ser_schema(msgspec.structs.asdict))
+
+
+_CONSTRAINTS = ("gt", "ge", "lt", "le", "multiple_of", "pattern", "min_length", "max_length")  # msgspec's and pydantic's
+
+
+def _default(field: msgspec.structs.FieldInfo) -> Any:
+    if field.required:
+        return ...
+    if field.default is msgspec.NODEFAULT:
+        return Field(default_factory=field.default_factory)
+    return field.default
+
+
+def _bounded(hint: Any) -> Any:
+    """`Annotated[T, msgspec.Meta(ge=..)]` as `Annotated[T, Field(ge=..)]`; any other type as it is."""
+    if get_origin(hint) is not Annotated:
+        return hint
+    base, *extras = get_args(hint)
+    meta = [m for m in extras if isinstance(m, msgspec.Meta)]
+    return Annotated[base, Field(**{k: getattr(m, k) for m in meta for k in _CONSTRAINTS if getattr(m, k) is not None})]
 
 
 class ApptainerConfig(_Model):
@@ -167,7 +193,7 @@ class Topology(_Model):
     run_dir: str | None = None
     engine: EngineConfig = EngineConfig()
     gateway: GatewayConfig = GatewayConfig()
-    proxy: ProxyConfig = ProxyConfig()
+    proxy: Annotated[ProxySettings, Settings()] = ProxySettings()
     sandbox: SandboxConfig = SandboxConfig()
     slurm: SlurmConfig = SlurmConfig()
     service: ServiceConfig = ServiceConfig()

@@ -17,6 +17,8 @@ shard records). Links:
   UpdateWeights -> WeightsUpdated, Drain -> StatusReply.
 - proxy <-> gateway (DEALER -> ROUTER over ipc): ProxyHello, OpenSession -> SessionOpened,
   CloseSession -> SessionClosed, CallRecord, Heartbeat, Engines.
+- gateway -> its proxy child, once, as the child's one command-line argument (JSON): ProxyLaunch,
+  holding the topology's ProxySettings.
 - metrics: Metrics, a process's counters now (proxy -> gateway, forwarded; gateway -> orchestrator),
   checked by `polar_hpc.metrics.check` where the orchestrator takes it.
 
@@ -38,12 +40,12 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Annotated, Any, Literal, Union
 
 import msgspec
 import zmq
 
-from polar_hpc.errors import PolarError
+from polar_hpc.errors import ConfigError, PolarError
 
 
 class Message(msgspec.Struct, tag=True, forbid_unknown_fields=False):
@@ -261,6 +263,66 @@ class WeightsUpdated(Message):
 
 class Drain(Message):
     """Accept no more tasks; the run ends once every session has ended."""
+
+
+# --- a proxy's start (gateway -> `polar-hpc proxy`, one JSON argument) ---------------------------
+
+MAX_COUNT = 1 << 20  # a count of the topology (pool slots, pids, nodes, cpus, restarts, queued sessions)
+MAX_SECONDS = 30 * 86400.0  # a period or timeout of the topology
+ToolParserName = Literal["auto", "hermes", "qwen3_coder"]  # the tool-call formats proxy.tool_parsers reads
+
+
+class ProxySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The topology's `proxy:` section, defined here once: `config.Topology` validates the user's
+    YAML against these types, defaults and bounds (FILE:LINE errors), and the gateway hands the
+    validated value to its proxy inside a ProxyLaunch."""
+
+    mode: Literal["tito", "passthrough"] = "tito"  # tito: the proxy renders; passthrough: the engine
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0  # harnesses' TCP port; 0 picks a free one
+    tokenizer: str | None = None  # model folder (tito; passthrough: its chat template) (default: the engine's)
+    tool_parser: ToolParserName = "auto"
+    strict_model: bool = False  # refuse (404) requests naming another model (default: serve ours)
+    max_body_mb: Annotated[float, msgspec.Meta(gt=0, le=1 << 20)] = 32.0  # larger request bodies get 413
+    # a call waits this long for an engine while none is up
+    engine_wait_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)] = 30.0
+    # requests a task's engine may carry over the least loaded and still get the task's next sample
+    affinity_slack: Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)] = 16
+    # each engine's /metrics read this often for its load (0: never)
+    engine_poll_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_SECONDS)] = 1.0
+
+    @property
+    def max_body(self) -> int:
+        """Bytes of the largest request body taken."""
+        return int(self.max_body_mb * (1 << 20))
+
+
+class ProxyLaunch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """All a proxy process is started with (`polar-hpc proxy LAUNCH`, LAUNCH this as JSON): the
+    topology's settings for it (its `proxy:` section, and the engine's and gateway's values it
+    needs, with no defaults of their own here) and what its gateway gives it."""
+
+    gateway: str  # zmq endpoint of the gateway's ROUTER, e.g. ipc:///tmp/gw.ipc
+    engine_urls: list[str]  # base URLs of the engines, before /v1
+    model: str  # engine.model: the served model name
+    engine_kind: str  # engine.kind: which engines.kinds client speaks to the engines
+    heartbeat_s: float  # gateway.heartbeat_s
+    peer_timeout_s: float  # gateway.peer_timeout_s: exit when the gateway is silent this long
+    settings: ProxySettings = ProxySettings()
+    proxy_id: str = "proxy"
+    host: str = "127.0.0.1"  # address harnesses connect to
+    unix_socket: str | None = None  # also serve HTTP on this Unix socket (for sandboxes without network)
+
+    def argument(self) -> str:
+        """This launch as the proxy's command-line argument."""
+        return msgspec.json.encode(self).decode()
+
+
+def proxy_launch(text: str) -> ProxyLaunch:
+    """The ProxyLaunch in `text` (JSON), or ConfigError naming the field that is wrong."""
+    try:
+        return msgspec.json.decode(text, type=ProxyLaunch)
+    except msgspec.DecodeError as e:  # ValidationError too: "Expected ... - at `$.settings.mode`"
+        raise ConfigError(f"proxy launch: {e}") from None
 
 
 # --- proxy <-> gateway ----------------------------------------------------------------------------

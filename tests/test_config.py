@@ -76,6 +76,21 @@ def test_topology_unknown_key_and_bad_value(tmp_path: Path, calculator_dir: Path
     _refused(result, f"{topo}:3: gateway.pools.run:", f"{topo}:4: gateway.colour: unknown key")
 
 
+def test_bad_proxy_settings_name_their_line_and_field(tmp_path: Path, calculator_dir: Path) -> None:
+    """The proxy's settings (a wire.ProxySettings) are checked where the topology is read, as strictly
+    as the rest: every bad one with its line and field, exit 2, before anything starts."""
+    topo = tmp_path / "topology.yaml"
+    topo.write_text("proxy:\n  mode: magic\n  max_body_mb: 0\n  engine_wait_s: .inf\n  port: '80'\n  colour: blue\n"
+                    "  strict_model: 1\n")
+    result = polar("run", calculator_dir / "task.yaml", "-c", topo, "--run-dir", tmp_path / "run")
+    _refused(result, f"{topo}:2: proxy.mode: Input should be 'tito' or 'passthrough'",
+             f"{topo}:3: proxy.max_body_mb: Input should be greater than 0",
+             f"{topo}:4: proxy.engine_wait_s: Input should be a finite number",
+             f"{topo}:5: proxy.port: Input should be a valid integer",
+             f"{topo}:6: proxy.colour: unknown key", f"{topo}:7: proxy.strict_model: Input should be a valid boolean")
+    assert not (tmp_path / "run").exists()
+
+
 def test_missing_sandbox_file_and_duplicate_ids(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"
     with_file = dict(GOOD, sandbox={"files": {"a.py": "nope.py"}})

@@ -1,6 +1,7 @@
 """The gateway process (`polar-hpc gateway`): one per CPU node.
 
-Starts its proxy as a child process (linked over ZeroMQ ipc), connects to the orchestrator
+Starts its proxy as a child process (linked over ZeroMQ ipc), handing it the topology's validated
+settings as one `wire.ProxyLaunch` argument, connects to the orchestrator
 (DEALER), announces itself, asks for work with credits and runs the sessions it is assigned through
 the pipeline, writing trajectories to its own shard writer. What the pipeline tells the orchestrator
 (Credit, SessionUpdate, Result) waits in an `Outbox` until the event loop's turn ends and goes as
@@ -240,22 +241,15 @@ class _Gateway:
 
     def _start_proxy(self, endpoint: str, engine_urls: list[str], http_socket: Path):
         opts, topo = self.opts, self.topology
-        node = socket.gethostname()
-        args = ["proxy", "--gateway", endpoint, "--port", str(topo.proxy.port)]
-        for url in engine_urls:
-            args += ["--engine-url", url]
-        args += ["--model", topo.engine.model, "--proxy-id", f"{opts.gateway_id}-proxy"]
-        args += ["--mode", topo.proxy.mode, "--tool-parser", topo.proxy.tool_parser, "--engine-kind", topo.engine.kind]
-        args += ["--tokenizer", topo.proxy.tokenizer] if topo.proxy.tokenizer else []
-        args += ["--strict-model"] if topo.proxy.strict_model else []
-        args += ["--max-body-mb", str(topo.proxy.max_body_mb), "--engine-wait-s", str(topo.proxy.engine_wait_s)]
-        args += ["--affinity-slack", str(topo.proxy.affinity_slack), "--engine-poll-s", str(topo.proxy.engine_poll_s)]
-        args += ["--heartbeat-s", str(topo.gateway.heartbeat_s), "--peer-timeout-s", str(topo.gateway.peer_timeout_s)]
-        args += ["--unix-socket", str(http_socket)]
-        log_path = opts.run_dir / "logs" / f"proxy-{node}-{opts.gateway_id}.log"
+        launch = wire.ProxyLaunch(
+            gateway=endpoint, engine_urls=engine_urls, model=topo.engine.model, engine_kind=topo.engine.kind,
+            heartbeat_s=topo.gateway.heartbeat_s, peer_timeout_s=topo.gateway.peer_timeout_s, settings=topo.proxy,
+            proxy_id=f"{opts.gateway_id}-proxy", unix_socket=str(http_socket),
+        )
+        log_path = opts.run_dir / "logs" / f"proxy-{socket.gethostname()}-{opts.gateway_id}.log"
         env = security.engine_env(opts.run_dir) | {security.PROXY_LINK_ENV: self.proxy.link_id}
         env[metrics.ENV] = str(topo.metrics.interval_s if topo.metrics.enabled else 0)
-        return procs.spawn("proxy", args, log_path, env)
+        return procs.spawn("proxy", ["proxy", launch.argument()], log_path, env)
 
     async def _wait_for_proxy(self, proxy_proc) -> None:
         deadline = time.monotonic() + 60

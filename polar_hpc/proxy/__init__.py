@@ -1,6 +1,6 @@
 """The proxy: serves LLM APIs to harnesses from inference engines and records every call.
 
-`server.serve(ProxyOptions)` runs the process (`python -m polar_hpc proxy --help`). API adapters:
+`server.serve(wire.ProxyLaunch)` runs the process (`python -m polar_hpc proxy LAUNCH`). API adapters:
 `openai_chat`, `openai_responses`, `anthropic` (each body <-> the API-neutral `calls.Call` /
 `calls.Outcome`). Capture modes: `tito` (render with the model's tokenizer, /generate, drift-free
 history; `tool_parsers`) and `passthrough` (the engine's chat route). `routing` picks engines;

@@ -80,7 +80,7 @@ class Passthrough:
                     session_id, lambda client: self.engine.model_facts(client.get_json))
             if not folder:
                 raise EngineError(502, "the engine names no tokenizer folder to read the chat template's "
-                                  "reasoning settings from; give the proxy --tokenizer")
+                                  "reasoning settings from; set the topology's proxy.tokenizer")
             try:
                 self._templates = await asyncio.to_thread(read_templates, Path(folder))
             except ValueError as e:

@@ -45,9 +45,7 @@ from polar_hpc.proxy.engine_client import EngineClient, EngineError
 
 T = TypeVar("T")
 NO_ENGINE = 503
-AFFINITY_SLACK = 16  # requests; about one GRPO group's samples
 MAX_GROUPS = 65536
-POLL_S = 1.0
 POLL_TIMEOUT_S = 2.0
 
 
@@ -61,8 +59,8 @@ class Reading:
 
 
 class Router:
-    def __init__(self, urls: list[str], down_s: float = 5.0, hold_s: float = 30.0,
-                 affinity_slack: int = AFFINITY_SLACK, poll_s: float = POLL_S) -> None:
+    def __init__(self, urls: list[str], *, hold_s: float, affinity_slack: int, poll_s: float,
+                 down_s: float = 5.0) -> None:
         if not urls:
             raise ValueError("the proxy needs at least one engine URL")
         self.down_s, self.hold_s, self.affinity_slack, self.poll_s = down_s, hold_s, affinity_slack, poll_s

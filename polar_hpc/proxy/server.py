@@ -1,11 +1,16 @@
 """The proxy process: one uvloop event loop serving harnesses over HTTP, linked to its gateway by ZMQ.
 
-`serve(ProxyOptions)` blocks until the gateway sends Shutdown or stays silent for `peer_timeout_s`;
-it then cancels in-flight calls, closes the HTTP server and returns. SIGTERM/SIGINT (Slurm signals
-every process of a step at once) does not stop it while its gateway lives: the gateway drains
-through it (closing sessions, collecting their records) and then sends Shutdown; it waits for that
-for at most STAY_SHARE of the stop budget (`procs.stop_budget`), and no longer once no session is
-open or the gateway that started it is gone. A `tokenizer` that cannot be loaded (tito mode) raises ConfigError before it listens.
+`serve(launch, ready_file)` runs with a `wire.ProxyLaunch`, the one argument of `polar-hpc proxy`
+(the topology's `proxy:` settings as validated where the topology was read, the engine's and
+gateway's values it needs, what its gateway gives it), logged as its first line ("launch {...}").
+A launch that does not decode names the field (`wire.proxy_launch`), and a `tokenizer` that cannot
+be loaded (tito mode) raises ConfigError, before it listens.
+It blocks until the gateway sends Shutdown or stays silent for `peer_timeout_s`; it then cancels
+in-flight calls, closes the HTTP server and returns. SIGTERM/SIGINT (Slurm signals every process
+of a step at once) does not stop it while its gateway lives: the gateway drains through it (closing
+sessions, collecting their records) and then sends Shutdown; it waits for that for at most
+STAY_SHARE of the stop budget (`procs.stop_budget`), and no longer once no session is open or the
+gateway that started it is gone.
 
 - Start-up: the capture mode warms first (tito: the tokenizer is loaded, from `tokenizer` or the
   engine's folder, logged as "tito: tokenizer ..."), for up to `WARM_S`; only then does the proxy
@@ -77,9 +82,8 @@ from polar_hpc.proxy.calls import BIG, BadRequest, ToolCall, assistant_message, 
 from polar_hpc.proxy.engine_client import EngineError
 from polar_hpc.proxy.gateway_link import ProxyLinkDealer
 from polar_hpc.proxy.passthrough import Passthrough
-from polar_hpc.proxy.routing import AFFINITY_SLACK, NO_ENGINE, POLL_S, Router
+from polar_hpc.proxy.routing import NO_ENGINE, Router
 from polar_hpc.proxy.tito import Renderer, Tito
-from polar_hpc.proxy.tool_parsers import PARSERS
 from polar_hpc.security import ENGINE_KEY_ENV
 
 log = logging.getLogger("polar_hpc.proxy")
@@ -92,32 +96,11 @@ STAY_SHARE = 0.8  # of the stop budget: how long a signalled proxy waits for its
 WARM_S = 5.0  # how long ProxyHello waits for the tokenizer (an engine slow to answer: the first call loads it)
 
 
-@dataclass(frozen=True)
-class ProxyOptions:
-    gateway: str  # zmq endpoint of the gateway's ROUTER, e.g. ipc:///tmp/gw.ipc
-    engine_urls: tuple[str, ...]  # base URLs of the engines, before /v1
-    host: str = "127.0.0.1"
-    port: int = 0  # 0 picks a free port
-    ready_file: Path | None = None
-    model: str = "polar-scripted"  # served model name
-    proxy_id: str = "proxy"
-    heartbeat_s: float = 1.0
-    peer_timeout_s: float = 10.0
-    unix_socket: Path | None = None  # also serve HTTP on this Unix socket (for sandboxes without network)
-    mode: str = "tito"  # tito | passthrough
-    tokenizer: str | None = None  # the model folder (tito; passthrough: its chat template); None: ask the engine
-    tool_parser: str = "auto"
-    strict_model: bool = False
-    max_body: int = 32 << 20  # bytes of a request body; larger ones get 413
-    engine_wait_s: float = 30.0  # how long a call waits for an engine while none is registered
-    engine_kind: str = "scripted"  # engine.kind: which engines.kinds client speaks to the engines
-    affinity_slack: int = AFFINITY_SLACK  # requests a task's engine may carry over the least loaded
-    engine_poll_s: float = POLL_S  # how often each engine's /metrics is read for its load (0: never)
-
-
-def serve(opts: ProxyOptions) -> None:
+def serve(launch: wire.ProxyLaunch, ready_file: Path | None = None) -> None:
+    """Serve until the gateway stops (`ready_file`: written with {"url": ...} once listening)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s proxy %(levelname)s %(message)s")
-    uvloop.run(_run(opts))
+    log.info("launch %s", launch.argument())
+    uvloop.run(_run(launch, ready_file))
 
 
 _APIS = (oc, openai_responses, anthropic)
@@ -182,8 +165,8 @@ class _Proven:
 
 
 class _Proxy:
-    def __init__(self, opts: ProxyOptions, router: Router, mode, link: ProxyLinkDealer) -> None:
-        self.opts = opts
+    def __init__(self, opts: wire.ProxyLaunch, router: Router, mode, link: ProxyLinkDealer) -> None:
+        self.opts, self.max_body = opts, opts.settings.max_body
         self.router = router
         self.engines = _Proven(router, os.environ.get(ENGINE_KEY_ENV) or None)
         self.mode = mode
@@ -193,7 +176,7 @@ class _Proxy:
         self.meter = metrics.ProxyMeter.from_env(opts.proxy_id)  # None: metrics off
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.opts.max_body)
+        app = web.Application(client_max_size=self.max_body)
         for api in _APIS:
             app.router.add_post(api.PATH, functools.partial(self._handle, api))
         app.router.add_get("/v1/models", self._models)
@@ -273,7 +256,7 @@ class _Proxy:
         """Send `answer` without reading the body, then discard what is still coming (bounded)."""
         await answer.prepare(request)
         await answer.write_eof()
-        left = _DRAIN * self.opts.max_body
+        left = _DRAIN * self.max_body
         with contextlib.suppress(TimeoutError, OSError, ClientError, web.HTTPException):
             async with asyncio.timeout(_DRAIN_S):
                 while left > 0 and (piece := await request.content.readany()):
@@ -290,7 +273,7 @@ class _Proxy:
         session = self._by_token.get(api.token(request.headers) or "")
         if session is None:  # before a byte of the body is read
             return await self._refuse(request, _unauthorized(api))
-        if (request.content_length or 0) > self.opts.max_body:
+        if (request.content_length or 0) > self.max_body:
             return await self._refuse(request, self._too_large(api))
         try:
             raw = await request.read()
@@ -303,7 +286,7 @@ class _Proxy:
                 release_memory()
 
     def _too_large(self, api) -> web.Response:  # built only when needed: most calls never are
-        message = f"Request body too large: this proxy accepts at most {self.opts.max_body} bytes."
+        message = f"Request body too large: this proxy accepts at most {self.max_body} bytes."
         return _json(413, api.error_body(413, message, "too_large"))
 
     async def _call(self, api, session: _Session, request: web.Request, raw: bytes) -> web.StreamResponse:
@@ -313,7 +296,7 @@ class _Proxy:
             return _json(400, api.error_body(400, str(e), "invalid_request", e.param))
         call.size = len(raw)
         asked = body.get("model")
-        if self.opts.strict_model and asked not in (None, self.opts.model):
+        if self.opts.settings.strict_model and asked not in (None, self.opts.model):
             message = f"The model {asked!r} does not exist; this run serves {self.opts.model!r}."
             return _json(404, api.error_body(404, message, "not_found", "model"))
         current = asyncio.current_task()
@@ -440,31 +423,29 @@ def _unauthorized(api) -> web.Response:
     return _json(401, api.error_body(401, message, "authentication"))
 
 
-def _capture_mode(opts: ProxyOptions, router: Router):
+def _capture_mode(opts: wire.ProxyLaunch, router: Router):
     try:
         engine = kinds.get(opts.engine_kind).client
     except ConfigError as e:
         raise ConfigError(f"proxy: {e}") from None
-    if opts.mode == "passthrough":
-        return Passthrough(router, opts.model, engine, opts.tokenizer)
-    if opts.mode != "tito":
-        raise ConfigError(f"proxy mode {opts.mode!r} is not known (tito, passthrough)")
-    if opts.tool_parser not in PARSERS:
-        raise ConfigError(f"tool parser {opts.tool_parser!r} is not known ({', '.join(PARSERS)})")
+    settings = opts.settings
+    if settings.mode == "passthrough":
+        return Passthrough(router, opts.model, engine, settings.tokenizer)
     try:
-        renderer = Renderer(opts.tokenizer) if opts.tokenizer else None
-        return Tito(renderer, opts.tool_parser, router, engine)
+        renderer = Renderer(settings.tokenizer) if settings.tokenizer else None
+        return Tito(renderer, settings.tool_parser, router, engine)
     except ValueError as e:
         raise ConfigError(f"proxy: {e}") from None
 
 
-async def _run(opts: ProxyOptions) -> None:
+async def _run(opts: wire.ProxyLaunch, ready_file: Path | None) -> None:
     loop = asyncio.get_running_loop()
     stop, signalled, gateway_pid = asyncio.Event(), asyncio.Event(), os.getppid()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
-    router = Router(list(opts.engine_urls), hold_s=opts.engine_wait_s, affinity_slack=opts.affinity_slack,
-                    poll_s=opts.engine_poll_s)
+    settings = opts.settings
+    router = Router(list(opts.engine_urls), hold_s=settings.engine_wait_s, affinity_slack=settings.affinity_slack,
+                    poll_s=settings.engine_poll_s)
     mode = _capture_mode(opts, router)
     ctx = zmq.asyncio.Context()
     link = ProxyLinkDealer(ctx, opts.gateway, opts.peer_timeout_s)
@@ -475,20 +456,20 @@ async def _run(opts: ProxyOptions) -> None:
     await asyncio.wait([warming], timeout=WARM_S)  # before the gateway hears of the proxy
     runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=5)
     await runner.setup()
-    await web.TCPSite(runner, opts.host, opts.port, backlog=BACKLOG).start()
+    await web.TCPSite(runner, opts.host, settings.port, backlog=BACKLOG).start()
     url = f"http://{opts.host}:{runner.addresses[0][1]}"
     if opts.unix_socket is not None:
-        await web.UnixSite(runner, str(opts.unix_socket), backlog=BACKLOG).start()
+        await web.UnixSite(runner, opts.unix_socket, backlog=BACKLOG).start()
     link.send(wire.ProxyHello(proxy_id=opts.proxy_id, url=url))
     tasks = [asyncio.create_task(proxy.gateway_loop()), asyncio.create_task(proxy.heartbeat_loop())]
     for task in tasks:
         task.add_done_callback(lambda t: _stop_on_end(t, stop))
     gc.freeze()  # what start-up made is never scanned again
     gc.set_threshold(GC_YOUNG)
-    if opts.ready_file is not None:
-        procs.write_ready(Path(opts.ready_file), {"url": url})
+    if ready_file is not None:
+        procs.write_ready(ready_file, {"url": url})
     log.info("serving %s (gateway %s, engines %s, %s mode)", url, opts.gateway,
-             ", ".join(router.urls), opts.mode)
+             ", ".join(router.urls), settings.mode)
     try:
         await stop.wait()
     finally:

@@ -318,7 +318,7 @@ class Tito:
                 session_id, lambda client: self.engine.model_facts(client.get_json))
             if self.renderer is None:
                 if not folder:
-                    raise EngineError(502, "the engine names no tokenizer folder; give the proxy --tokenizer")
+                    raise EngineError(502, "the engine names no tokenizer folder; set the topology's proxy.tokenizer")
                 try:
                     self.renderer = await asyncio.to_thread(Renderer, folder)
                 except ValueError as e:

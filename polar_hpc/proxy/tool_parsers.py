@@ -30,9 +30,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
-PARSERS = ("auto", "hermes", "qwen3_coder")
+from polar_hpc.wire import ToolParserName
+
+PARSERS: tuple[str, ...] = get_args(ToolParserName)
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 _FUNCTION_OPEN, _FUNCTION_CLOSE = "<function=", "</function>"

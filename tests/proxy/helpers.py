@@ -186,17 +186,24 @@ class Proxy:
         stop(self.proc)
 
 
+def launch(gateway: FakeGateway, engine_url: str | list[str], name: str = "p", engine_kind: str = "scripted",
+           heartbeat_s: float = 1.0, peer_timeout_s: float = 10.0, **settings: object) -> wire.ProxyLaunch:
+    """What a gateway would start a proxy with; `settings`: fields of the topology's `proxy:`."""
+    return wire.ProxyLaunch(
+        gateway=gateway.endpoint, engine_urls=[engine_url] if isinstance(engine_url, str) else engine_url,
+        model=MODEL, engine_kind=engine_kind, heartbeat_s=heartbeat_s, peer_timeout_s=peer_timeout_s,
+        settings=wire.ProxySettings(**settings), proxy_id=name,
+    )
+
+
 def start_proxy(
-    tmp: Path, gateway: FakeGateway, engine_url: str | list[str], name: str = "p", **flags: object
+    tmp: Path, gateway: FakeGateway, engine_url: str | list[str], name: str = "p", **options: object
 ) -> Proxy:
+    """A proxy child (`polar-hpc proxy LAUNCH`) of `launch(gateway, engine_url, name, **options)`,
+    once it has said ProxyHello."""
     ready = tmp / f"{name}.ready.json"
-    args = [sys.executable, "-m", "polar_hpc", "proxy", "--gateway", gateway.endpoint,
-            "--ready-file", str(ready), "--model", MODEL, "--proxy-id", name]
-    for url in [engine_url] if isinstance(engine_url, str) else engine_url:
-        args += ["--engine-url", url]
-    for key, value in flags.items():
-        flag = f"--{key.replace('_', '-')}"
-        args += [flag] if value is True else [flag, str(value)]
+    args = [sys.executable, "-m", "polar_hpc", "proxy", launch(gateway, engine_url, name, **options).argument(),
+            "--ready-file", str(ready)]
     proc = subprocess.Popen(args, stderr=open(tmp / f"{name}.log", "w"))
     url = wait_ready(proc, ready)
     hello = gateway.expect(wire.ProxyHello)

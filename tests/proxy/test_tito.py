@@ -19,7 +19,7 @@ from polar_hpc.engines.scripted.chat_format import ASSET_DIR, ChatFormat
 from polar_hpc.proxy.calls import BadRequest
 from polar_hpc.proxy.tito import RENDER_CACHE, Renderer, _templated
 
-from proxy.helpers import CALCULATOR, MODEL, check_capture, extends, start_engine, start_proxy, stop
+from proxy.helpers import CALCULATOR, MODEL, check_capture, extends, launch, start_engine, start_proxy, stop
 
 TOOLS = [{"type": "function", "function": CALCULATOR}]
 
@@ -232,16 +232,18 @@ def test_failover_when_an_engine_stops_mid_session(short_tmp, gateway):
             stop(proc)
 
 
-@pytest.mark.parametrize("flags, problem", [
-    (["--tokenizer", "/nonexistent/model"], "cannot load the tokenizer in /nonexistent/model"),
-    (["--mode", "magic"], "proxy mode 'magic' is not known"),
-    (["--tool-parser", "xml"], "tool parser 'xml' is not known"),
-    (["--engine-kind", "tgi"], "engine kind 'tgi' is not known"),
+@pytest.mark.parametrize("options, problem", [
+    ({"tokenizer": "/nonexistent/model"}, "cannot load the tokenizer in /nonexistent/model"),
+    ({"mode": "magic"}, "Invalid enum value 'magic' - at `$.settings.mode`"),
+    ({"tool_parser": "xml"}, "Invalid enum value 'xml' - at `$.settings.tool_parser`"),
+    ({"max_body_mb": 0}, "Expected `float` > 0.0 - at `$.settings.max_body_mb`"),
+    ({"engine_kind": "tgi"}, "engine kind 'tgi' is not known"),
 ])
-def test_bad_options_are_exit_2(gateway, engine, flags, problem):
-    done = subprocess.run(
-        [sys.executable, "-m", "polar_hpc", "proxy", "--gateway", gateway.endpoint,
-         "--engine-url", engine[0], *flags], capture_output=True, text=True, timeout=60)
+def test_bad_options_are_exit_2(gateway, engine, options, problem):
+    """A launch the proxy cannot serve with (one a gateway never writes: it validated the topology)
+    is refused before it listens, naming the field."""
+    done = subprocess.run([sys.executable, "-m", "polar_hpc", "proxy", launch(gateway, engine[0], **options).argument()],
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert problem in done.stderr and "Traceback" not in done.stderr
 
