@@ -81,7 +81,7 @@ ASKS = [  # (api, the field asked, the template variables it becomes, what the t
 
 @pytest.mark.parametrize("mode", ["tito", "passthrough"])
 def test_reasoning_reaches_a_template_that_reads_it(short_tmp, gateway, engine, thinking_model, mode):
-    proxy = start_proxy(short_tmp, gateway, engine[0], mode=mode, tokenizer=thinking_model)
+    proxy = start_proxy(short_tmp, gateway, engine[0], mode=mode, tokenizer=str(thinking_model))
     tokenizer = Tokenizer.from_file(str(thinking_model / "tokenizer.json"))
     try:
         gateway.open("think", "think")
