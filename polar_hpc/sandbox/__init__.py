@@ -34,7 +34,7 @@ def backend(
     limits = Limits(config.max_pids, config.max_file_bytes, config.max_disk_bytes, config.max_output_bytes,
                     config.max_cpus)
     common = {"limits": limits, "cgroups": cgroups}
-    uids = Uids(*config.uid_range)  # a root gateway leases each sandbox its own host uid from these
+    uids = Uids(config.uid_range[0], config.uid_range[1])  # a root gateway leases each sandbox its own host uid from these
     if config.backend == "apptainer":
         if not apptainer.available():
             raise SandboxError("sandbox.backend is 'apptainer' but `apptainer` is not on PATH")

@@ -11,7 +11,8 @@ import pytest
 
 from e2e.helpers import live_processes_matching
 from bwrap_required import AVAILABLE, needs_bwrap
-from polar_hpc.config import SandboxConfig
+from polar_hpc.config import SandboxConfig, load_topology
+from polar_hpc.errors import ConfigError
 from polar_hpc.sandbox import Limits, SandboxError, backend
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.sandbox.none import NoneSandbox
@@ -80,6 +81,9 @@ def test_topology_names_the_uids_a_root_gateway_runs_harnesses_as(tmp_path: Path
     for bad in ([0, 10], [60000, 70000], [10, 5], [1, True]):  # root, nobody, empty, a bool
         with pytest.raises(pydantic.ValidationError, match="uid_range"):
             SandboxConfig(uid_range=bad)
+    (tmp_path / "topology.yaml").write_text("sandbox:\n  max_pids: 64\n  uid_range: [60000, 70000]\n")
+    with pytest.raises(ConfigError, match=r"topology.yaml:3: sandbox.uid_range: \[60000, 70000\] holds 65534"):
+        load_topology(tmp_path / "topology.yaml")
 
 
 @needs_bwrap
