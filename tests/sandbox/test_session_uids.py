@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,7 +30,8 @@ from polar_hpc.sandbox.uids import LOCK_DIR
 from polar_hpc.shards.reader import iter_trajectories
 
 HERE = Path(__file__).parent
-pytestmark = [needs_bwrap, pytest.mark.skipif(os.geteuid() != 0, reason="the gateway must run as root")]
+pytestmark = needs_bwrap
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the gateway must run as root")
 
 
 def _environ(pid: int) -> dict[str, str]:
@@ -69,6 +71,7 @@ def _read_as(uid: int, pids: list[int]) -> str:
     return r.stdout
 
 
+@as_root
 def test_no_session_nor_host_uid_reads_a_live_sessions_token(tmp_path: Path) -> None:
     task = {"id": "thief", "instruction": "-", "num_samples": 2, "timeout_s": 300,
             "sandbox": {"network": "proxy-only", "files": {"token_thief.py": "token_thief.py"}},
@@ -117,3 +120,34 @@ def test_no_session_nor_host_uid_reads_a_live_sessions_token(tmp_path: Path) -> 
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
+
+
+@pytest.mark.parametrize("user", ["root-gateway", "user-gateway"])
+def test_a_sandbox_sees_no_process_of_another(tmp_path: Path, user: str) -> None:
+    """Whoever the gateway is (one that is not root runs every session as its own uid), a command's
+    /proc lists only its own processes: another live sandbox's token is out of its reach. The
+    user gateway is a real unprivileged user (uid 4242 here), whose sandboxes are user namespaces
+    (measured: without the PID namespace the thief lists every host process, yet still reads none
+    of the victim's environment, which lives in a sibling user namespace)."""
+    if user == "user-gateway" and os.geteuid() != 0:
+        pytest.skip("played as another user by a root test")
+    token = f"victim-{os.getpid()}-{time.monotonic_ns()}"
+    folder = Path(tempfile.mkdtemp(prefix="polar-beside-", dir="/var/tmp"))
+    python, env = [sys.executable], os.environ | {"HOME": str(folder)}
+    if user == "user-gateway":  # the user's own interpreter and PATH (ours may be under /root), our modules
+        system = f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}"
+        if not os.access(system, os.X_OK):
+            pytest.skip(f"{system} (this Python's version, for another user) is missing")
+        python = ["setpriv", "--reuid", "4242", "--regid", "4242", "--clear-groups", "--", system]
+        env |= {"PATH": "/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(p for p in sys.path if os.path.isdir(p))}
+        os.chown(folder, 4242, 4242)
+    try:
+        r = subprocess.run([*python, str(HERE / "beside_probe.py"), str(folder), token],
+                           capture_output=True, text=True, timeout=300, env=env, cwd=folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = json.loads(r.stdout)
+    assert f"OPENAI_API_KEY={token}" in found["on_host"]  # the control: its gateway's user reads it from the host
+    assert "OPENAI_API_KEY=thief-own" in found["stolen"], found  # the thief's scan works: it reads its own
+    assert token not in found["stolen"] and found["stopped"], found
