@@ -21,6 +21,7 @@ workspace's bind mount).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from pathlib import Path
 
@@ -29,7 +30,6 @@ from polar_hpc.sandbox.base import ExecResult, Sandbox, SandboxError
 from polar_hpc.sandbox.uids import Lease, Uids, UidsExhausted
 
 NOBODY = (65534, 65534)  # the owner of a root pull's image cache entries (suites/images.py)
-_LOCAL: list[Uids] = []  # the default range's pool of this process, for sandboxes made outside a gateway
 
 
 def give(path: Path, uid: int, gid: int) -> None:
@@ -61,7 +61,7 @@ class RunsAs(Sandbox):
 
     def _launch_options(self) -> list[str]:
         options = super()._launch_options()
-        if not self.user_namespace and self._cgroup is None:  # the one bound left, shared by every sandbox of run_as
+        if not self.user_namespace and self._cgroup is None:  # the one bound left: run_as is this sandbox's alone
             options[:0] = ["--nproc", str(self.limits.max_pids)]
         return options
 
@@ -98,8 +98,7 @@ class RunsAs(Sandbox):
         return gone
 
 
+@functools.cache
 def local_uids() -> Uids:
     """The pool of the default `sandbox.uid_range` for sandboxes made without a gateway's (tests, bench)."""
-    if not _LOCAL:
-        _LOCAL.append(Uids(*UID_RANGE))
-    return _LOCAL[0]
+    return Uids(*UID_RANGE)

@@ -46,7 +46,7 @@ def test_instance_start_isolated_with_overlay_binds_and_relay(tmp_path: Path) ->
     exec_argv = sb._wrap(sb._launcher(["true"]))
     assert exec_argv[:5] == ["apptainer", "exec", "--cleanenv", "--no-privs", "--security"]
     assert exec_argv[5] == "uid:2000000007,gid:2000000007"
-    assert "--nproc" in exec_argv  # no pids cgroup here: RLIMIT_NPROC, shared by every sandbox of that uid
+    assert "--nproc" in exec_argv  # no pids cgroup here: RLIMIT_NPROC, of the sandbox's own uid
 
 
 def test_host_network_no_gpu_and_exec_stop_lines(tmp_path: Path) -> None:
