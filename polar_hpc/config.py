@@ -40,6 +40,7 @@ MAX_TIMEOUT_S = 7 * 86400.0  # a session's timeout_s
 MAX_MB = 1 << 24  # a task's memory_mb / storage_mb (16 TiB)
 MAX_BYTES = 1 << 50  # a size in bytes of the topology
 MAX_INT = (1 << 63) - 1  # a number in a task's metadata: what every codec of ours (msgpack, JSON) carries
+UID_RANGE = (2_000_000_000, 2_000_065_535)  # sandbox.uid_range: no account, subuid range or systemd range of a usual host
 SCRIPTED_CONTEXT = 65536  # the scripted engine's context: harnesses' own prompts (~31k) + 16k replies
 TASK_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@+=/-]{0,255}")
 
@@ -135,10 +136,22 @@ class SandboxConfig(_Model):
     max_disk_bytes: int = Field(4 << 30, ge=1, le=MAX_BYTES)
     max_output_bytes: int = Field(1 << 20, ge=1, le=MAX_BYTES)
     max_cpus: float = Field(1.0, gt=0, le=4096)  # per sandbox, where a cpu cgroup can be made
-    # a gateway running as root runs harnesses (bwrap, apptainer) as this host user, never as root
-    run_as_uid: int = Field(65534, ge=1, le=(1 << 32) - 2)
-    run_as_gid: int = Field(65534, ge=1, le=(1 << 32) - 2)
+    # a gateway running as root runs each sandbox (bwrap, apptainer) as its own host uid:gid U:U from
+    # these, inclusive: never root, never 65534, one live sandbox per uid on the node (sandbox/uids.py)
+    uid_range: list[int] = Field(list(UID_RANGE), min_length=2, max_length=2)  # [FIRST, LAST]
     apptainer: ApptainerConfig = ApptainerConfig()
+
+    @pydantic.field_validator("uid_range")
+    @classmethod
+    def _uid_range(cls, value: list[int]) -> list[int]:
+        first, last = value
+        if not 1 <= first <= last <= (1 << 32) - 2:
+            raise ValueError(f"[{first}, {last}]: [FIRST, LAST] with 1 <= FIRST <= LAST <= 4294967294")
+        if first <= 65534 <= last:
+            raise ValueError(f"[{first}, {last}] holds 65534 (nobody), which other host processes share")
+        if last - first >= MAX_COUNT:
+            raise ValueError(f"[{first}, {last}]: at most {MAX_COUNT} uids")
+        return value
 
 
 class SlurmComponent(_Model):

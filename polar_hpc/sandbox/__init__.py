@@ -13,6 +13,7 @@ from polar_hpc.sandbox.base import ExecResult, Sandbox, SandboxError
 from polar_hpc.sandbox.cgroups import Cgroups
 from polar_hpc.sandbox.limits import Limits
 from polar_hpc.sandbox.none import NoneSandbox
+from polar_hpc.sandbox.uids import Uids
 
 __all__ = ["Cgroups", "ExecResult", "Limits", "Sandbox", "SandboxError", "backend"]
 
@@ -33,7 +34,7 @@ def backend(
     limits = Limits(config.max_pids, config.max_file_bytes, config.max_disk_bytes, config.max_output_bytes,
                     config.max_cpus)
     common = {"limits": limits, "cgroups": cgroups}
-    run_as = (config.run_as_uid, config.run_as_gid)  # the harness's user when the gateway runs as root
+    uids = Uids(config.uid_range[0], config.uid_range[1])  # a root gateway leases each sandbox its own host uid from these
     if config.backend == "apptainer":
         if not apptainer.available():
             raise SandboxError("sandbox.backend is 'apptainer' but `apptainer` is not on PATH")
@@ -45,13 +46,13 @@ def backend(
             starts_per_node=a.starts_per_node,
             starts_per_image=a.starts_per_image,
         )
-        return _factory(apptainer.ApptainerSandbox, hidden, settings=settings, run_as=run_as, **common), None
+        return _factory(apptainer.ApptainerSandbox, hidden, settings=settings, uids=uids, **common), None
     if config.backend != "none" and bwrap.available():
-        if os.geteuid() == 0 and (why := bwrap.unreachable(*run_as)):
-            raise SandboxError(f"sandbox.run_as_uid:gid {run_as[0]}:{run_as[1]} cannot run this Python "
+        if os.geteuid() == 0 and (why := bwrap.unreachable(uids.first, uids.first)):
+            raise SandboxError(f"sandbox.uid_range [{uids.first}, {uids.last}]: its uids cannot run this Python "
                                f"({sys.executable}) in a sandbox: {why} is closed to it; open the folders on the way "
                                "to others (chmod o+x) or install polar-hpc elsewhere")
-        return _factory(bwrap.BwrapSandbox, hidden, run_as=run_as, **common), None
+        return _factory(bwrap.BwrapSandbox, hidden, uids=uids, **common), None
     if config.backend == "bwrap":
         raise SandboxError("sandbox.backend is 'bwrap' but bubblewrap is not installed or cannot run here")
     warning = None

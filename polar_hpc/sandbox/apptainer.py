@@ -15,7 +15,7 @@ exec:  apptainer exec --cleanenv --no-privs [--security uid:U,gid:G] --pwd WS|CW
 
 `--containall` is --contain (minimal /dev, no host /tmp or home) + --cleanenv + --ipc + --pid;
 `--no-privs` drops every capability even from a root user. A gateway running as root adds
-`--security uid:U,gid:G` (owner.py: `run_as`, 65534 by default) so harnesses never run as root,
+`--security uid:U,gid:G` (owner.py: `run_as`, the sandbox's own leased uid) so harnesses never run as root,
 and gives the sandbox's folders to that user. /dev/shm is the sandbox's `shm` folder, on disk and
 counted in the disk limit.
 stop:  apptainer instance stop --force polar-ID, then the base kills anything still marked.

@@ -28,7 +28,7 @@ drops every capability; the command's host uid is the gateway's. A gateway runni
 CI) runs bwrap without a user namespace and with only the capabilities to change user, and
 `inside.py --user` drops to `run_as` for good before the command starts: no capability,
 no_new_privs, root-only host files unreadable. Its process bound is then the sandbox's pids
-cgroup; without one RLIMIT_NPROC is set, which counts every sandbox of that uid together.
+cgroup; without one RLIMIT_NPROC is set, which counts its processes alone (the uid is its own).
 
 The launcher before each command: on the host's root, where the host has util-linux's `prlimit`
 and `setpriv` (one that knows `--ambient-caps`), it is those: `prlimit` sets RLIMIT_NPROC and

@@ -20,9 +20,11 @@ WorkingDir, User) and a per-session writable layer over the cached root filesyst
   name is a ValueError, as `docker exec -u` fails).
 
 Ownership: only the caller's host uid is mapped (to root), so the image's files are root's inside
-when that uid owns them: the puller's for a gateway that is not root; a root pull gives its
-entries to 65534 (the default `run_as`), the uid a root gateway drops to before bwrap
-(suites/images.py).
+when that uid owns them: the puller's for a gateway that is not root. A root pull gives its
+entries to 65534 (suites/images.py) and a root gateway runs each session as its own uid U
+(owner.py): the stage binds the entry at STAGE/lower as an idmapped mount (idmap.py) on which the
+entry's owner's files are U's, and that is the overlay's lower layer; so inside they are root's,
+copies up land in `upper` as U's, and no session runs as the uid that owns the cache.
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ import posixpath
 import re
 import shlex
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar_hpc.sandbox import files
 
+IDMAP = Path(__file__).with_name("idmap.py")
 MAX_CONFIG_BYTES = 4 << 20
 MAX_PASSWD_BYTES = 1 << 20
 ROOT_CAPS = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
@@ -128,9 +132,15 @@ class Layer:
         if any(c in str(p) for p in paths for c in ",:\n"):  # the kernel's option syntax cannot quote them
             raise ValueError(f"an image layer path holds ',', ':' or a newline: {paths}")
         mount = shlex.quote(str(tools["mount"]))
-        options = f"userxattr,nosuid,nodev,lowerdir={self.rootfs},upperdir={self.upper},workdir={self.work}"
-        script = [f"{mount} -t tmpfs -o mode=0755,size=1m polar-stage {STAGE}", f"mkdir {STAGE}/root",
-                  f"{mount} -t overlay -o {shlex.quote(options)} polar-layer {STAGE}/root"]
+        script = [f"{mount} -t tmpfs -o mode=0755,size=1m polar-stage {STAGE}", f"mkdir {STAGE}/root"]
+        lower = str(self.rootfs)
+        if drop is not None:  # the entry's owner (the puller) shown as the session's own uid, root inside
+            st = os.stat(self.rootfs)
+            lower = f"{STAGE}/lower"
+            script += [f"mkdir {lower}", shlex.join([sys.executable, "-I", "-S", str(IDMAP), str(self.rootfs), lower,
+                                                     f"{st.st_uid}:{st.st_gid}", "%d:%d" % drop])]
+        options = f"userxattr,nosuid,nodev,lowerdir={lower},upperdir={self.upper},workdir={self.work}"
+        script.append(f"{mount} -t overlay -o {shlex.quote(options)} polar-layer {STAGE}/root")
         for name, source in binds.items():
             make = "mkdir" if source.is_dir() else "touch"
             script += [f"{make} {STAGE}/{name}", f"{mount} --bind {shlex.quote(str(source))} {STAGE}/{name}"]

@@ -4,7 +4,7 @@ Where each bound is enforced (docs/sandbox.md has the table):
 - processes: `max_pids` through the sandbox's pids cgroup when the gateway can create one (root,
   or a delegated cgroup v2 subtree: cgroups.py); otherwise RLIMIT_NPROC set inside the sandbox's
   user namespace (bwrap, apptainer), which the kernel counts per namespace but does not enforce
-  for host root (a root gateway's harnesses run as `run_as` outside any user namespace: owner.py).
+  for host root (a root gateway's harnesses run as their own leased uid outside any user namespace: owner.py).
 - CPU: `max_cpus` CPUs through the sandbox's cpu cgroup, all sandboxes weighted low against the
   gateway and its proxy (cgroups.py); none without a cgroup (the session's deadline remains).
 - memory: `max_memory_bytes` (None: unbounded) through the sandbox's memory cgroup, nested in the

@@ -4,7 +4,9 @@ For machines without bubblewrap or Apptainer; the gateway warns when it falls ba
 network is the host's whatever the task asks. Teardown is verified only when the gateway could
 give the sandbox a pids cgroup: without one, a daemon that leaves its process group and clears its
 environment cannot be found, so `stop()` reports the teardown as unverified. A task with an image
-is refused at start (`SandboxError`): the host's tree never stands in for its image.
+is refused at start (`SandboxError`): the host's tree never stands in for its image. Nothing keeps
+a session's secrets: commands run as the gateway's user (root for a root gateway) without
+namespaces, so any process of that uid, another session's included, reads their environment.
 """
 
 from __future__ import annotations

@@ -1,25 +1,35 @@
 """Who a harness runs as on the host: never root. `RunsAs` is the base of the container backends.
 
-A gateway that is not root runs harnesses as its own user (in a user namespace, without
-capabilities). A gateway running as root (as in CI) runs them as `run_as` (the topology's
-`sandbox.run_as_uid/gid`, 65534:65534 by default); each backend says how (bwrap: `inside.py
---user`; apptainer: `--security uid:N,gid:N`). The sandbox's tmp and /dev/shm folders are given
-to that user at start, and its workspace and `mounts`, with all the gateway put there (uploads, a
-harness's config files), before each command; never following a link. No process of a sandbox runs
-between two of its commands (each command's PID namespace dies with it; but for a harness command
-held for its tests, gateway/held.py, whose processes may: the walk, an fwalk with chown never
-following a link, stays safe against a path swapped under it), and a hard link can only name a
-file of the workspace itself (link(2) does not cross the workspace's bind mount).
+A gateway that is not root runs harnesses as its own user (in user and PID namespaces, without
+capabilities: other processes of that uid are the user's own, who is trusted with its run's
+secrets; a session sees no other session's process). A gateway running as root (as in CI) runs
+each sandbox as its own host uid:gid U:U, leased at `start()` from `sandbox.uid_range`
+(uids.py: never two live sandboxes of the node on one uid, whichever gateway holds them) and
+given back at `stop()` once no process of it can survive (an unverified teardown keeps it until
+the gateway exits); so no session, and no host process of another uid (65534 included), can read
+a session's /proc/PID/environ (its proxy token) or its files. Each backend says how it drops
+(bwrap: setpriv or `inside.py --user`; apptainer: `--security uid:N,gid:N`). The sandbox's tmp
+and /dev/shm folders are given to that user at start, and its workspace and `mounts`, with all the
+gateway put there (uploads, a harness's config files), before each command; never following a
+link. No process of a sandbox runs between two of its commands (each command's PID namespace
+dies with it; but for a harness command held for its tests, gateway/held.py, whose processes may:
+the walk, an fwalk with chown never following a link, stays safe against a path swapped under
+it), and a hard link can only name a file of the workspace itself (link(2) does not cross the
+workspace's bind mount).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 from pathlib import Path
 
-from polar_hpc.sandbox.base import ExecResult, Sandbox
+from polar_hpc.config import UID_RANGE
+from polar_hpc.sandbox.base import ExecResult, Sandbox, SandboxError
+from polar_hpc.sandbox.uids import Lease, Uids, UidsExhausted
 
-NOBODY = (65534, 65534)
+NOBODY = (65534, 65534)  # the owner of a root pull's image cache entries (suites/images.py)
 
 
 def give(path: Path, uid: int, gid: int) -> None:
@@ -33,13 +43,16 @@ def give(path: Path, uid: int, gid: int) -> None:
 
 
 class RunsAs(Sandbox):
-    """A sandbox whose commands run as `run_as` when the gateway is root; `shm` is its /dev/shm,
-    a folder of the sandbox (on disk, counted in the disk limit, unlike a RAM tmpfs)."""
+    """A sandbox whose commands run as its own leased uid (`run_as`) when the gateway is root;
+    `shm` is its /dev/shm, a folder of the sandbox (on disk, counted in the disk limit, unlike a
+    RAM tmpfs)."""
 
-    def __init__(self, *args, run_as: tuple[int, int] = NOBODY, **kwargs) -> None:
+    def __init__(self, *args, uids: Uids | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.privileged = os.geteuid() == 0
-        self.run_as = run_as
+        self.uids = uids
+        self.lease: Lease | None = None
+        self.run_as = NOBODY  # until start() leases this sandbox's own uid (a root gateway)
         self.shm = self.root / "shm"
 
     @property
@@ -48,11 +61,18 @@ class RunsAs(Sandbox):
 
     def _launch_options(self) -> list[str]:
         options = super()._launch_options()
-        if not self.user_namespace and self._cgroup is None:  # the one bound left, shared by every sandbox of run_as
+        if not self.user_namespace and self._cgroup is None:  # the one bound left: run_as is this sandbox's alone
             options[:0] = ["--nproc", str(self.limits.max_pids)]
         return options
 
     async def _launch(self) -> None:
+        if self.privileged and self.lease is None:
+            pool = self.uids or local_uids()
+            try:
+                self.lease = await asyncio.to_thread(pool.take)
+            except (UidsExhausted, OSError) as e:
+                raise SandboxError(f"no host uid for the sandbox: {e}") from None
+            self.run_as = self.lease.ids
         for folder in (self.workspace, self.tmp, self.shm, *self.mounts.values()):
             folder.mkdir(parents=True, exist_ok=True)
             if self.privileged:
@@ -69,3 +89,16 @@ class RunsAs(Sandbox):
             if self.relayed and socket is not None and socket.exists():  # connectable; its host folder stays closed
                 socket.chmod(0o666)
         return await super().exec(command, env, timeout_s, max_output, cwd=cwd, user=user)
+
+    async def stop(self) -> bool:
+        gone = await super().stop()
+        if gone and self.lease is not None:  # else kept (a process of its uid may live) until the gateway exits
+            self.lease.release()
+            self.lease = None
+        return gone
+
+
+@functools.cache
+def local_uids() -> Uids:
+    """The pool of the default `sandbox.uid_range` for sandboxes made without a gateway's (tests, bench)."""
+    return Uids(*UID_RANGE)

@@ -15,6 +15,8 @@ import pytest
 
 from conftest import polar
 
+from polar_hpc.config import UID_RANGE
+
 
 def test_a_run_leaves_nothing_in_tmpdir(tmp_path: Path) -> None:
     tmpdir = tmp_path / "tmpdir"
@@ -28,7 +30,7 @@ def test_a_run_leaves_nothing_in_tmpdir(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root gateway drops harnesses to run_as")
 def test_a_root_gateway_whose_python_run_as_cannot_reach_is_refused_at_start(tmp_path: Path) -> None:
-    """The checkout (here: a virtualenv made of links to ours) in a 0700 folder: `nobody` cannot run
+    """The checkout (here: a virtualenv made of links to ours) in a 0700 folder: the sessions' uids cannot run
     its Python, so the gateway refuses to start, saying so, instead of every session failing."""
     closed = Path(tempfile.mkdtemp(dir="/var/tmp"))  # 0700, root's
     try:
@@ -44,5 +46,6 @@ def test_a_root_gateway_whose_python_run_as_cannot_reach_is_refused_at_start(tmp
         shutil.rmtree(closed)
     assert result.returncode != 0, result.stderr[-3000:]
     out = result.stdout + result.stderr
-    assert f"sandbox.run_as_uid:gid 65534:65534 cannot run this Python ({venv}/bin/python) in a sandbox: {closed} " \
+    first, last = UID_RANGE
+    assert f"sandbox.uid_range [{first}, {last}]: its uids cannot run this Python ({venv}/bin/python) in a sandbox: {closed} " \
            "(mode 0700, owner 0:0) is closed to it" in out, out[-3000:]

@@ -23,7 +23,6 @@ from polar_hpc.sandbox.owner import NOBODY, give
 from sandbox.bwrap_required import needs_bwrap
 
 pytestmark = needs_bwrap
-HOST_UID = NOBODY[0] if os.geteuid() == 0 else os.geteuid()  # the sandbox's uid on the host
 
 
 def entry(folder: Path, config: dict) -> Path:
@@ -74,12 +73,15 @@ def test_the_layer_is_owned_by_the_unprivileged_host_uid(tmp_path: Path) -> None
 
     async def go():
         await sb.start()
-        r = await sb.exec("id -u; echo x > /made-by-root", {}, 60)
-        seen.append((r.stdout.decode().split(), os.stat(sb.layer.upper / "made-by-root").st_uid))
+        r = await sb.exec("id -u; echo x > /made-by-root; echo y >> /app/data.txt", {}, 60)
+        seen.append((r.stdout.decode().split(), os.stat(sb.layer.upper / "made-by-root").st_uid,
+                     os.stat(sb.layer.upper / "app" / "data.txt").st_uid))
+        seen.append(sb.run_as[0] if os.geteuid() == 0 else os.geteuid())  # the sandbox's uid on the host
         assert await sb.stop()
 
     asyncio.run(go())
-    assert seen == [(["0"], HOST_UID)] and HOST_UID != 0
+    host_uid = seen[1]
+    assert seen == [(["0"], host_uid, host_uid), host_uid] and host_uid not in (0, 65534), seen
 
 
 def test_the_image_user_runs_without_capabilities(tmp_path: Path) -> None:
@@ -134,7 +136,7 @@ def test_a_gateway_that_is_not_root_can_remove_what_the_sandboxs_root_closed(tmp
         folder.chmod(0)
     if os.geteuid() == 0:
         give(tree, *NOBODY)
-    as_sandbox_uid = ["setpriv", "--reuid", str(HOST_UID), "--regid", str(HOST_UID), "--clear-groups", "--"] \
+    as_sandbox_uid = ["setpriv", "--reuid", str(NOBODY[0]), "--regid", str(NOBODY[1]), "--clear-groups", "--"] \
         if os.geteuid() == 0 else []
     fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)  # the session's folder, past pytest's 0700 ones
 

@@ -28,12 +28,14 @@ def _box(tmp_path: Path, network="none", gpus=False, image="img.sif", **settings
 
 def test_instance_start_isolated_with_overlay_binds_and_relay(tmp_path: Path) -> None:
     sb = _box(tmp_path, gpus=True)
-    sb.privileged = True  # a gateway running as root: harnesses run as 65534, never as root
+    sb.privileged = True  # a gateway running as root: harnesses run as the sandbox's leased uid, never as root
+    sb.run_as = (2_000_000_007, 2_000_000_007)  # what start() would lease
     image = sb.resolve_image()
     argv = sb.instance_start_argv(image)
     ws, tmp = sb.workspace, sb.tmp
     assert argv == [
-        "apptainer", "instance", "start", "--containall", "--no-home", "--no-privs", "--security", "uid:65534,gid:65534",
+        "apptainer", "instance", "start", "--containall", "--no-home", "--no-privs",
+        "--security", "uid:2000000007,gid:2000000007",
         "--overlay", str(sb.root / "overlay"), "--bind", f"{ws}:{ws}", "--bind", f"{tmp}:/tmp",
         "--bind", f"{sb.root / 'shm'}:/dev/shm", "--bind", f"{INSIDE}:/.polar/inside.py:ro",
         "--net", "--network", "none", "--bind", f"{tmp_path / 'p.sock'}:/run/polar/proxy.sock",
@@ -43,8 +45,8 @@ def test_instance_start_isolated_with_overlay_binds_and_relay(tmp_path: Path) ->
     assert sb.proxy_url("http://10.0.0.1:8000") == "http://127.0.0.1:47111"
     exec_argv = sb._wrap(sb._launcher(["true"]))
     assert exec_argv[:5] == ["apptainer", "exec", "--cleanenv", "--no-privs", "--security"]
-    assert exec_argv[5] == "uid:65534,gid:65534"
-    assert "--nproc" in exec_argv  # no pids cgroup here: RLIMIT_NPROC, shared by every sandbox of that uid
+    assert exec_argv[5] == "uid:2000000007,gid:2000000007"
+    assert "--nproc" in exec_argv  # no pids cgroup here: RLIMIT_NPROC, of the sandbox's own uid
 
 
 def test_host_network_no_gpu_and_exec_stop_lines(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from e2e.helpers import live_processes_matching
 from bwrap_required import needs_bwrap
 from polar_hpc import wire
 from polar_hpc.client import Client
+from polar_hpc.config import UID_RANGE
 from polar_hpc.sandbox import Limits, SandboxError, bwrap
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.shards.reader import iter_trajectories
@@ -298,17 +299,18 @@ def test_task_environment_runs_no_code_before_the_drop(tmp_path: Path, launcher:
             env["LD_PRELOAD"] = f"{ws}/evil.so"
         first = await sb.exec(f"{PY} -c pass", env, 30)  # every hook tries the host first...
         inside = await sb.exec(f"{PY} -c pass; cat who", env | {"EVIL_OUT": f"{ws}/who"}, 30)  # ...then its workspace
+        uid = sb.run_as[0] if os.geteuid() == 0 else os.getuid()
         assert await sb.stop()
-        return first, inside
+        return first, inside, uid
 
     try:
-        first, inside = _run(go())
+        first, inside, uid = _run(go())
         assert not host_out.exists(), host_out.read_text()
     finally:
         host_out.unlink(missing_ok=True)
     assert first.returncode == 0, first.stderr
     uids = inside.stdout.split()
-    assert uids and set(uids) == {b"65534" if os.geteuid() == 0 else str(os.getuid()).encode()}, inside
+    assert uids and set(uids) == {str(uid).encode()} and uid not in (0, 65534), inside
 
 
 def test_sigterm_ignorer_is_killed_at_the_deadline_and_nothing_survives_stop(tmp_path: Path) -> None:
@@ -432,8 +434,10 @@ def test_escapes_through_the_gateway_in_every_network_mode(tmp_path: Path, calcu
 def _assert_contained(report: dict, planted: dict, run_dir: Path, other: Path) -> None:
     """What every network mode must hold: an unprivileged user seeing only its own environment."""
     status = report["status"]
-    uid = 65534 if os.geteuid() == 0 else os.getuid()
-    assert status["Uid"] == [str(uid)] * 4 and "0" not in status["Uid"], status  # not root on the host
+    uid = status["Uid"][0]  # a root gateway's: the session's own uid of sandbox.uid_range, else the user's
+    first, last = UID_RANGE
+    assert (first <= int(uid) <= last) if os.geteuid() == 0 else uid == str(os.getuid()), status
+    assert status["Uid"] == [uid] * 4 and "0" not in status["Uid"], status  # not root on the host
     assert all(int(status[k][0], 16) == 0 for k in ("CapPrm", "CapEff")), status
     assert status["NoNewPrivs"] == ["1"], status  # a setuid binary cannot give root back
     if os.geteuid() == 0:

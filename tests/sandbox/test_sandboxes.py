@@ -11,7 +11,8 @@ import pytest
 
 from e2e.helpers import live_processes_matching
 from bwrap_required import AVAILABLE, needs_bwrap
-from polar_hpc.config import SandboxConfig
+from polar_hpc.config import SandboxConfig, load_topology
+from polar_hpc.errors import ConfigError
 from polar_hpc.sandbox import Limits, SandboxError, backend
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.sandbox.none import NoneSandbox
@@ -73,11 +74,16 @@ def test_bwrap_runs_here() -> None:
 
 
 @needs_bwrap
-def test_topology_names_the_user_a_root_gateway_runs_harnesses_as(tmp_path: Path) -> None:
-    factory, _ = backend(SandboxConfig(backend="bwrap", run_as_uid=1234, run_as_gid=4321), tmp_path)
-    assert factory(tmp_path / "sb", {}, [], "proxy-only").run_as == (1234, 4321)
-    with pytest.raises(pydantic.ValidationError, match="run_as_uid"):
-        SandboxConfig(run_as_uid=0)  # root is never a harness's user
+def test_topology_names_the_uids_a_root_gateway_runs_harnesses_as(tmp_path: Path) -> None:
+    factory, _ = backend(SandboxConfig(backend="bwrap", uid_range=[123400, 123409]), tmp_path)
+    uids = factory(tmp_path / "sb", {}, [], "proxy-only").uids
+    assert uids is not None and (uids.first, uids.last) == (123400, 123409)
+    for bad in ([0, 10], [60000, 70000], [10, 5], [1, True]):  # root, nobody, empty, a bool
+        with pytest.raises(pydantic.ValidationError, match="uid_range"):
+            SandboxConfig(uid_range=bad)
+    (tmp_path / "topology.yaml").write_text("sandbox:\n  max_pids: 64\n  uid_range: [60000, 70000]\n")
+    with pytest.raises(ConfigError, match=r"topology.yaml:3: sandbox.uid_range: \[60000, 70000\] holds 65534"):
+        load_topology(tmp_path / "topology.yaml")
 
 
 @needs_bwrap
@@ -91,12 +97,13 @@ def test_what_the_gateway_writes_into_the_workspace_is_the_harness_s(tmp_path: P
         os.symlink("/etc/passwd", sb.workspace / "passwd")  # given as a link, never followed
         r = await sb.exec("echo s >> .codex/config.toml && touch .codex/sessions && id -u", {}, 10)
         owners = {p.name: p.lstat().st_uid for p in (sb.workspace / ".codex", sb.workspace / "passwd")}
+        uid = sb.run_as[0] if os.geteuid() == 0 else os.getuid()  # a root gateway's: the sandbox's own
         assert await sb.stop()
-        return r, owners
+        return r, owners, uid
 
-    r, owners = _run(go())
+    r, owners, uid = _run(go())
     assert r.returncode == 0, r.stderr
-    uid = 65534 if os.geteuid() == 0 else os.getuid()
+    assert uid not in (0, 65534)
     assert r.stdout == f"{uid}\n".encode() and set(owners.values()) == {uid}
     assert Path("/etc/passwd").stat().st_uid == 0
 
