@@ -237,7 +237,7 @@ def _generate_body(model: ScriptedModel, gen: Generation, k: int, with_logprobs:
         "prompt_tokens": len(gen.prompt_ids),
         "completion_tokens": k,
         "cached_tokens": gen.cached_tokens,
-        "weight_version": model.weight_version,
+        "weight_version": model.version_at(gen.times[k - 1]) if k else model.weight_version,
         "e2e_latency": time.perf_counter() - gen.started,
     }
     if with_logprobs:

@@ -7,9 +7,9 @@
   `in_place` freeze the generations in flight, as SGLang's scheduler stops: a token not due at
   the pause is not sampled until /continue_generation, and from then on the rest come one every
   token delay (scheduled afresh, as a retracted request is; a policy pause among them is
-  dropped). Each token is sampled, and its stream event written with the engine's
-  `weight_version`, before the pause is answered: so an event's version is the one that sampled
-  its new tokens.
+  dropped). A token is sampled when it is due; its event carries the version serving then
+  (`ScriptedModel.version_at`), also when it is written after a pause: so an event's
+  `weight_version` is the one that sampled its new tokens, as SGLang's are.
 - POST /update_weights_from_disk `{"model_path", "weight_version"}`: like SGLang's write lock,
   holds new requests at the door and waits until no generation is running (unless generation is
   frozen by a pause: then, as SGLang does while paused, it loads at once), then "loads" for the
@@ -194,7 +194,7 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
         await asyncio.sleep(gate.load_s)
         gate.model_path = path
         if version is not None:
-            model.weight_version = version
+            model.load(version)
         paused = gate.waiting
     finally:
         gate.loading -= 1
