@@ -405,8 +405,12 @@ class Tito:
         if not call.stream:
             with aborted.checked(client.base_url):
                 if from_stream:
-                    async with contextlib.aclosing(client.stream_json(path, body)) as events:
-                        text = "".join([generation.feed(event) async for event in events])
+                    try:
+                        async with contextlib.aclosing(client.stream_json(path, body)) as events:
+                            text = "".join([generation.feed(event) async for event in events])
+                    except EngineError as e:  # nothing reached the harness: another engine may answer
+                        e.started = False
+                        raise
                 else:
                     text = generation.feed(await client.post_json(path, body))
             sampled = aborted.check(generation.result, version, client.base_url)

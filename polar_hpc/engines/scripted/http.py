@@ -117,7 +117,9 @@ async def pace(gen: Generation, tokens: int, *signals: asyncio.Event) -> bool:
         return True
     if any(s.is_set() for s in signals):
         return False
-    wait = max(gen.times[tokens - 1] - time.time(), 0.0)
+    wait = gen.times[tokens - 1] - time.time()
+    if wait <= 0:
+        return True
     if not signals:
         await asyncio.sleep(wait)
         return True
