@@ -11,10 +11,11 @@ dies at its next step, its engine step exits 1 and is restarted (then given the 
 So a `model_path` that is not a folder holding `*.safetensors` here (the orchestrator's node sees
 the checkpoint as the engines do, on the shared filesystem) fails the update before any engine is
 paused. vLLM's own version label (/update_weight_version) is not set: `version` is the
-orchestrator's to record (EngineHello, the registry) and the proxy's to stamp on each call. That is also why there is no `continue` mode
-here: `/pause?mode=keep` would freeze the calls in flight and /resume continue them, but the route
-the proxy samples on (/v1/completions) reports no version, so the proxy could not tell which of a
-call's tokens came before the update (docs/service.md: vLLM's /inference/v1/generate would).
+orchestrator's to record (EngineHello, the registry) and the proxy's to stamp on each call. That
+is also why there is no `continue` mode here: `/pause?mode=keep` would freeze the calls in flight
+and /resume continue them, but the route the proxy samples on (/v1/completions) reports no
+version, so the proxy could not tell which of a call's tokens came before the update
+(docs/service.md: vLLM's /inference/v1/generate would).
 """
 
 from __future__ import annotations
