@@ -18,9 +18,11 @@ answered by the orchestrator (anything malformed in between is skipped):
   `cancel(batch_id=... | task_id=...)` -> sessions cancelled; `wait(batch_id)` polls until every
   session of the batch has ended.
 - `update_weights(path, version, mode=None)`: every engine loads `path` as `version`; calls in
-  flight finish first (`wait`) or are aborted and retried by the harness (`abort`); None: the
-  topology's `service.weight_update_mode`. Returns WeightsUpdated (mode, engines, longest pause,
-  failures; WeightUpdateFailed if every engine failed, ConfigError for an unknown mode).
+  flight finish first (`wait`), are aborted and retried by the harness (`abort`), or go on on the
+  new weights, each token recording its version (`continue`; not on vLLM); None: the topology's
+  `service.weight_update_mode`. Returns WeightsUpdated (mode, engines, longest pause, failures;
+  WeightUpdateFailed if every engine failed, ConfigError for an unknown mode or one the run's
+  engine kind lacks).
 - `drain()`: no more tasks; the run ends once every session has ended.
 
 No answer within `timeout_s` raises ConnectionError (a wrong key gets none: CURVE drops it).

@@ -192,7 +192,8 @@ class ServiceConfig(_Model):
     enabled: bool = False  # trainers add tasks while the run goes (polar_hpc.client); it ends on drain
     max_queued: int = Field(4096, ge=1, le=MAX_COUNT)  # queued sessions beyond this answer `busy`
     weight_update_timeout_s: float = Field(600.0, gt=0, le=MAX_SECONDS)  # per engine: pause, load, continue
-    weight_update_mode: Literal["wait", "abort"] = "wait"  # in-flight calls: finish first, or abort (retried)
+    # in-flight calls: finish first, abort (retried), or continue on the new weights (docs/service.md)
+    weight_update_mode: Literal["wait", "abort", "continue"] = "wait"
 
 
 class MetricsConfig(_Model):

@@ -245,8 +245,8 @@ class Cancelled(Message):
 
 
 class UpdateWeights(Message):
-    """Every engine loads the weights in `model_path` as `weight_version`; `mode` (wait | abort,
-    None: the topology's service.weight_update_mode) says what happens to calls in flight."""
+    """Every engine loads the weights in `model_path` as `weight_version`; `mode` (wait | abort |
+    continue, None: the topology's service.weight_update_mode) says what happens to calls in flight."""
 
     model_path: str
     weight_version: str
@@ -381,6 +381,9 @@ class CallRecord(Message):
     t_start: float
     t_end: float
     meta: dict[str, Any] = {}  # capture mode, engine rid, chain, retries; chat view of other APIs
+    # per output id, the weight version that sampled it, when they differ (the call went on across
+    # an update in `continue` mode); empty: every one is `weight_version`
+    token_versions: list[str] = []
 
 
 # --- metrics (polar_hpc.metrics) ---------------------------------------------------------------

@@ -7,7 +7,11 @@ the scripted engine speaks SGLang's routes). Every client module has:
   fields), streamed or not, the engine's logprob of each sampled token (and the top alternatives
   when asked) and the sampled ids returned, special tokens left out of the text.
 - `Generation()`: reads that answer, or each event of its stream, in order: `feed(event)` returns
-  the text new in it (what the harness may be streamed); `result()` the `Sampled`.
+  the text new in it (what the harness may be streamed); `result()` the `Sampled`. A kind whose
+  events report the weight version (SGLang's) gives each token the version of the event that
+  brought it (`Sampled.token_versions`): the proxy always streams from the engine, so a call that
+  spans a weight update in `continue` mode has its tokens' versions exact.
+- `VERSIONED_EVENTS`: whether its stream events report the version (the proxy then streams).
 - `chat(body) -> (path, body)`: the engine's Chat Completions request (passthrough) for an OpenAI
   Chat `body`, not streamed, with prompt ids, sampled ids and their logprobs returned.
 - `chat_answer(answer) -> Sampled`: its answer, content and tool calls included.
@@ -70,7 +74,9 @@ class Sampling:
 class Sampled:
     """One sampled reply: `ids[i]` was sampled with logprob `logprobs[i]` (the end token included
     when it was sampled). `finish` is stop | length | abort (a weight update in `abort` mode; then
-    `message` says why); `weight_version` None when the engine reports none."""
+    `message` says why); `weight_version` None when the engine reports none (else the version of
+    its last event). `token_versions`: per sampled token, the version that sampled it, when they
+    differ (a call that went on across a weight update); None: all are `weight_version`."""
 
     ids: list[int]
     logprobs: list[float]
@@ -86,6 +92,7 @@ class Sampled:
     token_texts: list[str] | None = None  # chat: each sampled token's text
     top_logprobs: list[list[tuple[str, float]]] | None = None  # per token: (text, logprob) alternatives
     message: str = ""
+    token_versions: list[str] | None = None
 
 
 def check_lengths(s: Sampled) -> Sampled:

@@ -18,16 +18,16 @@ import aiohttp
 
 from polar_hpc.errors import PolarError
 
-MODES = ("wait", "abort")
+MODES = ("wait", "abort", "continue")  # every mode of some kind; each kind's weights.MODES has its own
 
 
 class UpdateFailed(PolarError):
     """An engine answered, but did not do what was asked."""
 
 
-def check_mode(mode: str) -> None:
-    if mode not in MODES:
-        raise ValueError(f"weight update mode {mode!r} is not known ({', '.join(MODES)})")
+def check_mode(mode: str, modes: tuple[str, ...] = MODES) -> None:
+    if mode not in modes:
+        raise ValueError(f"weight update mode {mode!r} is not known ({', '.join(modes)})")
 
 
 async def update_all(urls: list[str], update_one: Callable[[aiohttp.ClientSession, str], Awaitable[None]],

@@ -6,10 +6,11 @@ it was (`back`), and given the newest weights if it missed an update. Every chan
 is journaled and relayed to every gateway as Engines (`listing`), which its proxy routes over.
 Engines given with `--engine-url` (static) are not registered but take weight updates too.
 UpdateWeights (`request`) makes every engine load new weights (`engines.kinds`: the run's engine
-kind's `weights`, in the request's mode or `service.weight_update_mode`), one update at a time; the
-trainer that asked gets WeightsUpdated once all have answered. The newest version (`policy`) is the
-one loaded by at least one engine (or asked for while none is up); an engine that registers later
-with other weights (a restarted engine step) is given the newest at once.
+kind's `weights`, in the request's mode or `service.weight_update_mode`; a mode that kind lacks is
+refused), one update at a time; the trainer that asked gets WeightsUpdated once all have answered.
+The newest version (`policy`) is the one loaded by at least one engine (or asked for while none is
+up); an engine that registers later with other weights (a restarted engine step) is given the
+newest at once.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class Registry:
                  engine_key: str | None, journal: Journal, send: Callable[[bytes, wire.Message], None],
                  to_gateways: Callable[[wire.Message], None], peers: wire.Liveness) -> None:
         self.service, self.engine_key, self.journal = service, engine_key, journal
-        self.update_engines = kinds.get(kind).weights.update_engines  # the run's engine kind's updates
+        weights = kinds.get(kind).weights  # the run's engine kind's updates, and the modes it has
+        self.update_engines, self.modes, self.kind = weights.update_engines, weights.MODES, kind
         self.send, self.to_gateways, self.peers = send, to_gateways, peers
         self.engines: dict[bytes, wire.EngineHello] = {}
         self.static = {url: weight_version for url in static_urls}  # url -> version
@@ -83,8 +85,10 @@ class Registry:
 
     def request(self, identity: bytes, msg: wire.UpdateWeights) -> wire.Refused | None:
         """A trainer's UpdateWeights: refused at once, or answered when every engine has answered."""
-        if msg.mode not in (None, *kinds.MODES):
-            return wire.Refused(error=f"weight update mode {msg.mode!r} is not known ({', '.join(kinds.MODES)})")
+        mode = msg.mode or self.service.weight_update_mode
+        if mode not in self.modes:
+            why = "not known" if mode not in kinds.MODES else f"not one that {self.kind} engines have"
+            return wire.Refused(error=f"weight update mode {mode!r} is {why} ({', '.join(self.modes)})")
         asyncio.get_running_loop().create_task(self.update(identity, msg))
         return None
 

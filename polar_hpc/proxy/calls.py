@@ -122,6 +122,7 @@ class Outcome:
     cached_tokens: int = 0
     token_texts: list[str] | None = None  # per sampled token, when known (chat logprobs)
     top_logprobs: list[list[tuple[str, float]]] | None = None  # per sampled token, when asked
+    token_versions: list[str] | None = None  # per sampled token, when they differ (engines.capture)
     meta: dict[str, Any] = field(default_factory=dict)
     choices: list[Outcome] = field(default_factory=list)  # n > 1: the other choices, each recorded
 

@@ -403,7 +403,7 @@ class _Proxy:
             output_ids=outcome.output_ids, output_logprobs=outcome.output_logprobs,
             finish_reason=outcome.finish_reason, weight_version=outcome.weight_version,
             engine_url=outcome.engine_url, stream=call.stream, t_start=times[0],
-            t_end=times[1], meta=meta,
+            t_end=times[1], meta=meta, token_versions=outcome.token_versions or [],
         )
         self.link.send(record)
         if self.meter is not None:

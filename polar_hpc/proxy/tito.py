@@ -10,7 +10,8 @@ variables `reasoning.template_kwargs` finds (or refused). A big call's prompt is
 (`calls.offload`): the caches are locked, and a chain is replaced, never changed in place.
 `Tito(renderer, tool_parser, router, engine)`: `await answer(session, call, emit)` renders
 the call's conversation, asks an engine to sample from its token ids (the kind's client's
-`generate`, `engines.capture`), streamed when the harness streams, awaits `emit(piece)` for each
+`generate`, `engines.capture`), streamed when the harness streams (and always from an engine
+whose events carry the weight version, `VERSIONED_EVENTS`: per-token versions), awaits `emit(piece)` for each
 piece of content as tokens arrive and for each tool call (a `ToolCall`) as soon as its closing tag
 arrives (`CallReader` over the engine's text), and returns the `Outcome` (the same content and
 calls, ids included; `aborted.Aborted` if the engine aborted the generation; `EngineError` 502 if
@@ -394,13 +395,24 @@ class Tito:
         """The engine's sampled reply, its URL and the reply's (content, tool calls); when
         streaming, content and calls are emitted as they are read."""
         _, parser, _ = self._ready()
-        path, body = self.engine.generate(ids, sampling, call.stream, call.id)
+        # streamed from the engine also when the harness does not stream, where the kind's events
+        # carry the version that sampled their tokens (a call may go on across a weight update)
+        from_stream = call.stream or self.engine.VERSIONED_EVENTS
+        path, body = self.engine.generate(ids, sampling, from_stream, call.id)
         generation, version = self.engine.Generation(), self.router.version(client.base_url)
         if call.tool_choice == "none":  # the reply is content, whatever it holds
             parser = NO_CALLS
         if not call.stream:
             with aborted.checked(client.base_url):
-                text = generation.feed(await client.post_json(path, body))
+                if from_stream:
+                    try:
+                        async with contextlib.aclosing(client.stream_json(path, body)) as events:
+                            text = "".join([generation.feed(event) async for event in events])
+                    except EngineError as e:  # nothing reached the harness: another engine may answer
+                        e.started = False
+                        raise
+                else:
+                    text = generation.feed(await client.post_json(path, body))
             sampled = aborted.check(generation.result, version, client.base_url)
             content, calls = parser.parse(text, call.tools)
             return sampled, client.base_url, (content, [_tool_call(n, a) for n, a in calls][:1 if call.one_call else None])
@@ -443,7 +455,7 @@ class Tito:
             output_logprobs=sampled.logprobs, weight_version=sampled.weight_version or "",
             engine_url=url, cached_tokens=sampled.cached_tokens,
             token_texts=[self._ready()[0].token_text(i) for i in sampled.ids] if call.logprobs else None,
-            top_logprobs=sampled.top_logprobs,
+            top_logprobs=sampled.top_logprobs, token_versions=sampled.token_versions,
         )
 
 

@@ -7,10 +7,12 @@ right-padded to the longest row (or `max_len`, which a longer row exceeds with V
 `loss_mask` float32 [B, L] (0 on the prompt and padding, the trace's mask on the response),
 `logprobs` float32 [B, L] (sampling logprob of the token at that position, 0 elsewhere),
 `rewards` float32 [B] (the trajectory's reward, NaN when it has none), `trajectory` int64 [B]
-(which input trajectory the row came from), `lengths` int64 [B] and `constrained` int64 [B] (how
+(which input trajectory the row came from), `lengths` int64 [B], `constrained` int64 [B] (how
 many of the row's calls were decoded under a constraint: their logprobs are the constrained
 distribution's; each call's own marks and sampling parameters are in `trace.constrained` and
-`trace.sampling`).
+`trace.sampling`), and `token_versions` int64 [B, L] (the number of the policy version that
+sampled the token at that position, `Trace.versions()`; -1 on the prompt, padding, tokens the
+environment inserted and versions without a number).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ class Filter:
     `status`: the statuses kept. `reward`: inclusive (low, high), either end None for open; a
     trajectory without a reward fails it. `weight_versions`: inclusive (low, high) window of
     policy versions (a version string's trailing integer: "v12" and "12" are 12); every call of
-    every trace must lie inside it, and a version without a number fails it.
+    every trace, and every sampled token (`Trace.versions()`: the oldest token of a call that went
+    on across an update bounds its staleness), must lie inside it; a version without a number
+    fails it.
     """
 
     status: frozenset[str] | None = None
@@ -51,7 +55,7 @@ class Filter:
                 return False
         if self.weight_versions is not None:
             for trace in traj.traces:
-                for version in trace.weight_versions:
+                for version in set(trace.weight_versions).union(trace.versions()) - {""}:
                     number = version_number(version)
                     if number is None or not _within(number, *self.weight_versions):
                         return False
@@ -98,6 +102,7 @@ def pad_batch(trajectories: Iterable[Trajectory], pad_id: int = 0, max_len: int 
         "trajectory": np.array([i for i, _, _ in rows], dtype=np.int64),
         "constrained": np.array([sum(bool(c) for c in trace.constrained) for _, _, trace in rows], dtype=np.int64),
         "lengths": lengths,
+        "token_versions": np.full((n, width), -1, dtype=np.int64),
     }
     for row, (_, _, trace) in enumerate(rows):
         p, total = len(trace.prompt_ids), trace.n_tokens
@@ -106,7 +111,15 @@ def pad_batch(trajectories: Iterable[Trajectory], pad_id: int = 0, max_len: int 
         batch["attention_mask"][row, :total] = 1
         batch["loss_mask"][row, p:total] = np.frombuffer(trace.loss_mask, dtype=np.int32)
         batch["logprobs"][row, p:total] = np.frombuffer(trace.logprobs, dtype=np.float32)
+        batch["token_versions"][row, p:total] = _numbers(trace.versions(), total - p)
     return batch
+
+
+def _numbers(versions: list[str], n: int) -> np.ndarray:
+    """Each version's number (-1: none, or no version), for a response of `n` tokens."""
+    numbers = {v: version_number(v) for v in set(versions)}
+    return np.array([-1 if numbers[v] is None else numbers[v] for v in versions] if versions else [-1] * n,
+                    dtype=np.int64)
 
 
 def to_torch(batch: dict[str, np.ndarray]) -> dict:

@@ -4,8 +4,9 @@ extra) or JSONL.
 Rows come from `iter_trajectories` (the journal decides which attempt counts), optionally through a
 `Filter`. Columns: `session_id`, `task_id`, `sample_index`, `attempt`, `status`, `reward`,
 `trace_index`, `prompt_ids` and `response_ids` (list<int32>), `loss_mask` (list<int8>),
-`logprobs` (list<float32>), `finish_reason`, `weight_versions` (list<string>), `call_indices`
-(list<int32>), and `messages`, `tools`, `metadata` as JSON text (their shapes vary per row).
+`logprobs` (list<float32>), `token_versions` (list<string>: the version that sampled each response
+token, "" where none did; `Trace.versions()`), `finish_reason`, `weight_versions` (list<string>),
+`call_indices` (list<int32>), and `messages`, `tools`, `metadata` as JSON text (their shapes vary per row).
 Token columns leave the traces as numpy views of their arrays (the mask as an int8 copy).
 The file is written under a temporary name and renamed when complete.
 """
@@ -44,6 +45,7 @@ def trace_rows(run_dir: Path, filter: Filter | None = None) -> Iterator[dict[str
                 "response_ids": np.frombuffer(trace.response_ids, dtype=np.int32),
                 "loss_mask": np.frombuffer(trace.loss_mask, dtype=np.int32).astype(np.int8),
                 "logprobs": np.frombuffer(trace.logprobs, dtype=np.float32),
+                "token_versions": trace.versions(),
                 "finish_reason": trace.finish_reason,
                 "weight_versions": trace.weight_versions,
                 "call_indices": trace.call_indices,
@@ -89,7 +91,7 @@ def _parquet(rows: Iterator[dict[str, Any]], path: Path, rows_per_group: int) ->
         ("attempt", pa.int64()), ("status", pa.string()), ("reward", pa.float64()), ("trace_index", pa.int64()),
         ("prompt_ids", pa.list_(pa.int32())), ("response_ids", pa.list_(pa.int32())),
         ("loss_mask", pa.list_(pa.int8())), ("logprobs", pa.list_(pa.float32())),
-        ("finish_reason", pa.string()), ("weight_versions", pa.list_(pa.string())),
+        ("token_versions", pa.list_(pa.string())), ("finish_reason", pa.string()), ("weight_versions", pa.list_(pa.string())),
         ("call_indices", pa.list_(pa.int32())),
         ("messages", pa.string()), ("tools", pa.string()), ("metadata", pa.string()),
     ])

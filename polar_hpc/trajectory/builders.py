@@ -101,6 +101,7 @@ class _Chain:
         self.tokens.extend(record.output_ids)
         self.mask = array("i", [1]) * len(record.output_ids)
         self.logprobs = array("f", record.output_logprobs)
+        self.versions = _versions(record)
         self.records = [record]
 
     def extended_by(self, record: CallRecord) -> bool:
@@ -112,9 +113,11 @@ class _Chain:
         self.tokens.extend(glue)
         self.mask += array("i", [0]) * len(glue)
         self.logprobs += array("f", [0.0]) * len(glue)
+        self.versions += [""] * len(glue)
         self.tokens.extend(record.output_ids)
         self.mask += array("i", [1]) * len(record.output_ids)
         self.logprobs.extend(record.output_logprobs)
+        self.versions += _versions(record)
         self.records.append(record)
 
     def break_reason(self, record: CallRecord) -> str:
@@ -140,4 +143,10 @@ class _Chain:
             call_indices=[r.call_index for r in self.records],
             sampling=[r.meta.get("sampling") or {} for r in self.records],
             constrained=[r.meta.get("constrained") or {} for r in self.records],
+            token_versions=self.versions,
         )
+
+
+def _versions(record: CallRecord) -> list[str]:
+    """Per output id, the version that sampled it."""
+    return list(record.token_versions) or [record.weight_version] * len(record.output_ids)

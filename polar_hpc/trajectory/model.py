@@ -5,8 +5,12 @@ A trace is one token sequence `prompt_ids + response_ids`; `loss_mask` and `logp
 logprob is 0.0). `weight_versions` and `call_indices` hold one entry per model call merged into the
 trace, in call order, and so do `sampling` (the sampling parameters the engine was asked for) and
 `constrained` (`{}`, or why and how decoding was constrained), which are empty for traces written
-before they existed. Constructing either struct with misaligned lists, or a trajectory with an
-unknown status, raises ValueError.
+before they existed. `token_versions` is aligned 1:1 with `response_ids` too: the weight version that
+sampled each token ("" for a token the environment inserted); a call that went on across a weight
+update (`continue` mode) has tokens of two versions. Traces written before it existed have it
+empty; `versions()` gives it for every trace (for those, each call's version over its run of
+sampled tokens: a call's tokens were then all sampled by one version). Constructing either struct
+with misaligned lists, or a trajectory with an unknown status, raises ValueError.
 
 The token ids and loss mask are held as `array('i')` (int32), the logprobs as `array('f')`
 (float32): a trace's tokens are one flat buffer each, which shard writing copies as is. A trace
@@ -42,6 +46,7 @@ class Trace(msgspec.Struct, frozen=True):
     call_indices: list[int]
     sampling: list[dict[str, Any]] = []  # per call: the sampling parameters the engine was asked for
     constrained: list[dict[str, Any]] = []  # per call: {} or {"reasons": [...], "by": ...} (constrained decoding)
+    token_versions: list[str] = []  # per response token: the version that sampled it, "" if none did
 
     def __post_init__(self) -> None:
         for name, code in PACKED.items():
@@ -54,11 +59,26 @@ class Trace(msgspec.Struct, frozen=True):
                 f"trace misaligned: {n} response ids, {len(self.loss_mask)} mask entries, "
                 f"{len(self.logprobs)} logprobs"
             )
+        if self.token_versions and len(self.token_versions) != n:
+            raise ValueError(f"trace misaligned: {n} response ids, {len(self.token_versions)} token versions")
         if len(self.weight_versions) != len(self.call_indices):
             raise ValueError("trace needs one weight version per call index")
         for name in ("sampling", "constrained"):  # absent (older shards) or one per call
             if getattr(self, name) and len(getattr(self, name)) != len(self.call_indices):
                 raise ValueError(f"trace needs one {name} entry per call index")
+
+    def versions(self) -> list[str]:
+        """Per response token, the weight version that sampled it ("" where none did)."""
+        if self.token_versions or not self.response_ids:
+            return self.token_versions
+        out, mask, calls = [""] * len(self.response_ids), self.loss_mask, iter(self.weight_versions)
+        version = ""
+        for i, m in enumerate(mask):
+            if m and (i == 0 or not mask[i - 1]):  # a run of sampled tokens: the next call's
+                version = next(calls, version)
+            if m:
+                out[i] = version
+        return out
 
     @property
     def n_tokens(self) -> int:

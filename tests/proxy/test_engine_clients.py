@@ -49,6 +49,19 @@ def test_both_engines_read_into_the_same_record_however_cut(cuts) -> None:
     assert v.prompt_ids == [1, 2] and s.matched_stop == 2
 
 
+def test_sglang_tokens_carry_the_version_of_the_event_that_brought_them() -> None:
+    events = _sglang_events(len(IDS))
+    events[2]["meta_info"]["weight_version"] = "w4"  # the last token was sampled after an update
+    _, s = _read(SGLANG, events)
+    assert s.token_versions == ["w3", "w3", "w4"] and s.weight_version == "w4"
+    events = _sglang_events(len(IDS))
+    _, s = _read(SGLANG, events[1:])  # one version only: none listed (all are weight_version)
+    assert s.token_versions is None and s.weight_version == "w3"
+    _, s = _read(SGLANG, [events[0], {**events[2], "meta_info": {**events[2]["meta_info"], "weight_version": "w4"}}])
+    assert s.token_versions == ["w3", "w4", "w4"]  # an event that brings two tokens stamps both
+    assert SGLANG.VERSIONED_EVENTS and not VLLM.VERSIONED_EVENTS  # the proxy streams from SGLang for them
+
+
 def test_requests_carry_what_capture_needs() -> None:
     path, body = VLLM.generate([1, 2], Sampling(9, 0.5, None, ("x",)), True, "r1")
     assert path == "/v1/completions" and body["prompt"] == [1, 2] and body["logprobs"] == 0

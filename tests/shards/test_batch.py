@@ -32,6 +32,10 @@ def test_pad_batch_aligns_masks_and_logprobs_with_tokens():
     assert batch["loss_mask"][1].tolist() == [0, 0, 1] + [0] * 7
     assert batch["rewards"][:2].tolist() == [1.0, 1.0] and math.isnan(batch["rewards"][2])
     assert batch["constrained"].tolist() == [0, 1, 0]  # rows whose calls decoded under a constraint
+    # per token, the number of the version that sampled it (-1: prompt, padding, environment tokens);
+    # make_trajectory's traces have no token_versions (as older shards): each call's over its run
+    assert batch["token_versions"].tolist() == [[-1] * 4 + [-1, 0, 0, -1, 1, 1], [-1, -1, 3] + [-1] * 7,
+                                                [-1] * 4 + [-1, 0] + [-1] * 4]
     with pytest.raises(ValueError, match="task 'a' sample 0: a trace of 10 tokens is longer than max_len 8"):
         pad_batch([a], max_len=8)
     assert pad_batch([])["input_ids"].shape == (0, 0)
@@ -47,7 +51,12 @@ def test_filter_and_group():
     # make_trajectory's calls used versions "v0" and "v1"
     assert all(Filter(weight_versions=(0, 1)).passes(t) for t in trajs)
     assert not any(Filter(weight_versions=(1, None)).passes(t) for t in trajs)
-    trajs[0].traces[0] = msgspec.structs.replace(trajs[0].traces[0], weight_versions=["main", "v1"])
+    # a call that went on across updates is as old as its oldest token
+    spanning = msgspec.structs.replace(trajs[0].traces[0], weight_versions=["v1", "v1"],
+                                       token_versions=["", "v0", "v1", "", "v1", "v1"])
+    trajs[0].traces[0] = spanning
+    assert Filter(weight_versions=(0, None)).passes(trajs[0]) and not Filter(weight_versions=(1, None)).passes(trajs[0])
+    trajs[0].traces[0] = msgspec.structs.replace(spanning, weight_versions=["main", "v1"])
     assert not Filter(weight_versions=(0, None)).passes(trajs[0])
 
 

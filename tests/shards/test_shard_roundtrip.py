@@ -76,3 +76,17 @@ def test_a_trace_written_before_sampling_and_constrained_existed_reads_with_them
         del trace["sampling"], trace["constrained"]
     back = decode_trajectory(msgspec.msgpack.encode(record))
     assert [(t.sampling, t.constrained) for t in back.traces] == [([], [])] * len(back.traces)
+
+
+def test_per_token_versions_round_trip_and_older_traces_read_each_calls_version_over_its_tokens(make_traj):
+    old = make_traj("a", 0, n=6)  # mask 0 1 1 0 1 1, calls v0 then v1, no token_versions (as older shards)
+    record = msgspec.msgpack.decode(encode_record(old)[1])
+    del record["traces"][0]["token_versions"]
+    (trace,) = decode_trajectory(msgspec.msgpack.encode(record)).traces
+    assert trace.token_versions == [] and trace.versions() == ["", "v0", "v0", "", "v1", "v1"]
+    spanning = msgspec.structs.replace(old.traces[0], token_versions=["", "v0", "v0", "", "v1", "v2"])
+    traj = msgspec.structs.replace(old, traces=[spanning])
+    (back,) = decode_trajectory(encode_record(traj)[1]).traces
+    assert back.token_versions == back.versions() == ["", "v0", "v0", "", "v1", "v2"]
+    with pytest.raises(ValueError, match="6 response ids, 5 token versions"):
+        msgspec.structs.replace(old.traces[0], token_versions=["v0"] * 5)

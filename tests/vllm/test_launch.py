@@ -48,7 +48,8 @@ def test_environment_carries_the_key_and_the_cache_inside_the_run(tmp_path: Path
 def test_every_kind_has_weights_and_the_registry_refuses_others() -> None:
     assert kinds.KINDS == ("scripted", "sglang", "vllm")
     for kind in kinds.KINDS:
-        assert kinds.get(kind).weights.MODES == kinds.MODES
+        assert set(kinds.get(kind).weights.MODES) <= set(kinds.MODES)
+    assert kinds.get("vllm").weights.MODES == ("wait", "abort")  # no per-token versions: no continue
     out = polar("engine", "--kind", "vllmx", "--run-dir", "/nonexistent")
     assert out.returncode == 2 and "unknown kind 'vllmx' (known: scripted, sglang, vllm)" in out.stderr
     out = polar("engine", "--kind", "vllm")

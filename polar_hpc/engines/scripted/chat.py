@@ -13,7 +13,6 @@ own chunk. Only n=1; asking for top_logprobs alternatives, a logit bias or const
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 import uuid
@@ -25,10 +24,10 @@ import jinja2
 from aiohttp import web
 
 from polar_hpc.engines.scripted.http import (
-    MODEL, get_bool, get_int, get_stop, pace, read_json, sse,
+    MODEL, get_bool, get_int, get_stop, read_json, sse,
 )
 from polar_hpc.engines.scripted.model import BadRequest, Generation, SamplingParams, ScriptedModel
-from polar_hpc.engines.scripted.weights import abort_signal
+from polar_hpc.engines.scripted.weights import decode
 from polar_hpc.proxy.tool_parsers import parse_tool_calls
 
 
@@ -70,8 +69,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     head = {"id": rid, "created": int(time.time()), "model": model.model_name}
     reply = _Reply(model, gen, content, tool_calls, choice_end, head, with_ids)
     if stream:
-        return await sse(request, _chunks(reply, with_logprobs, include_usage, abort_signal(request)))
-    k = await pace(gen, len(gen.output_ids), abort_signal(request))
+        return await sse(request, _chunks(request, reply, with_logprobs, include_usage))
+    k = await decode(request, gen, len(gen.output_ids))
     if k < len(gen.output_ids):
         reply = reply.aborted(k)
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
@@ -124,7 +123,7 @@ class _Reply:
 
 
 async def _chunks(
-    reply: _Reply, with_logprobs: bool, include_usage: bool, abort: asyncio.Event | None
+    request: web.Request, reply: _Reply, with_logprobs: bool, include_usage: bool
 ) -> AsyncIterator[dict[str, Any]]:
     """chat.completion.chunk events: role, one per token (content delta, logprobs), tool calls,
     finish (+ token ids, metadata), usage if asked."""
@@ -137,7 +136,7 @@ async def _chunks(
     yield chunk({"role": "assistant", "content": ""})
     sent, gen = "", reply.gen
     for k in range(1, len(gen.output_ids) + 1):
-        if await pace(gen, k, abort) < k:
+        if await decode(request, gen, k) < k:
             yield chunk({}, {"metadata": reply.metadata()}, **reply.aborted(k - 1).choice_end)
             return
         visible = os.path.commonprefix([gen.texts[k], reply.content or ""])

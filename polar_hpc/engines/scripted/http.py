@@ -110,19 +110,31 @@ async def sse(request: web.Request, events: AsyncIterator[dict[str, Any]]) -> we
     return response
 
 
-async def pace(gen: Generation, tokens: int, abort: asyncio.Event | None = None) -> int:
-    """Wait until the first `tokens` output tokens are due (simulated decoding time); returns how
-    many of them were decoded before `abort` was set (all of them when it was not)."""
+async def pace(gen: Generation, tokens: int, *signals: asyncio.Event) -> bool:
+    """Wait until the first `tokens` output tokens are due (simulated decoding time) or one of
+    `signals` is set; whether they became due first."""
     if tokens <= 0:
-        return 0
-    wait = max(gen.times[tokens - 1] - time.time(), 0.0)
-    if abort is None:
+        return True
+    if any(s.is_set() for s in signals):
+        return False
+    wait = gen.times[tokens - 1] - time.time()
+    if wait <= 0:
+        return True
+    if not signals:
         await asyncio.sleep(wait)
-        return tokens
-    if not abort.is_set():
-        try:
-            await asyncio.wait_for(abort.wait(), wait)
-        except asyncio.TimeoutError:
-            return tokens
-    now = time.time()
-    return min(tokens - 1, sum(t <= now for t in gen.times[:tokens]))
+        return True
+    try:
+        await asyncio.wait_for(first_set(*signals), wait)
+    except asyncio.TimeoutError:
+        return True
+    return False
+
+
+async def first_set(*events: asyncio.Event) -> None:
+    """Return once one of `events` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()

@@ -5,10 +5,11 @@ prompt, as `encode(reply) + [<|im_end|>]`, cut by SGLang's rules (a stop/eos tok
 included in output_ids; a stop string ends it, the text stops before it; max_new_tokens ends it with
 finish `length`). It also simulates a prefix cache (cached_tokens = longest common prefix with the
 last 64 sequences served; `prompt_tokens` and `cached_tokens` add them up since the start), plans
-when each token is sent (`times`: wall-clock seconds, one token every `token_delay_ms` after the
+when each token is sampled and sent (`times`: wall-clock seconds, one token every `token_delay_ms` after the
 request arrived, plus the policy's pause after the token that completes its `pause_after` text;
 routes wait until those times) and appends one JSON line per generation to the sample log (with
-`t`, those times).
+`t`, those times). `load(version)` serves a new weight version from now on; `version_at(t)` is the
+one that served at time t: the version that sampled a token due then.
 """
 
 from __future__ import annotations
@@ -71,12 +72,22 @@ class ScriptedModel:
             weight_version, context_length, model_name,
         )
         self.token_delay_s = token_delay_ms / 1000
+        self._loads = [(float("-inf"), weight_version)]  # (time.time(), version) of each weight update
         self._cache: deque[list[int]] = deque(maxlen=64)
         self.prompt_tokens = self.cached_tokens = 0  # since the start, as SGLang's counters
         self._log = None
         if sample_log is not None:
             Path(sample_log).parent.mkdir(parents=True, exist_ok=True)
             self._log = open(sample_log, "a", encoding="utf-8")
+
+    def load(self, version: str) -> None:
+        """Serve `version` from now on."""
+        self.weight_version = version
+        self._loads.append((time.time(), version))
+
+    def version_at(self, t: float) -> str:
+        """The version that was serving at time `t` (that sampled a token due then)."""
+        return next(v for when, v in reversed(self._loads) if when <= t)
 
     def close(self) -> None:
         if self._log is not None:

@@ -39,11 +39,11 @@ from polar_hpc.engines.scripted.chat_format import ChatFormat
 from polar_hpc.engines.scripted.policy import Policy
 from polar_hpc.engines.scripted.chat import chat_completions
 from polar_hpc.engines.scripted.http import (
-    API_KEY, MODEL, get_bool, get_int, get_stop, json_errors, pace, read_json, require_key, sse,
+    API_KEY, MODEL, get_bool, get_int, get_stop, json_errors, read_json, require_key, sse,
 )
 from polar_hpc.engines.scripted.model import BadRequest, Generation, SamplingParams, ScriptedModel
 from polar_hpc.engines.scripted.weights import add_routes as add_weight_routes
-from polar_hpc.engines.scripted.weights import ABORT_MESSAGE, abort_signal, generation_gate
+from polar_hpc.engines.scripted.weights import ABORT_MESSAGE, decode, generation_gate
 from polar_hpc.security import ENGINE_KEY_ENV
 
 BACKLOG = 2048  # connections queued before they are accepted, as SGLang's server (uvicorn) has
@@ -155,20 +155,19 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise BadRequest("'rid' must be a string (one request per call)", "rid")
     with_logprobs, stream = get_bool(body, "return_logprob"), get_bool(body, "stream")
     gen = model.generate("/generate", rid, _prompt_ids(body, model.fmt), params, started)
-    abort = abort_signal(request)
     if not stream:
-        k = await pace(gen, len(gen.output_ids), abort)
+        k = await decode(request, gen, len(gen.output_ids))
         return web.json_response(_generate_body(model, gen, k, with_logprobs, k < len(gen.output_ids)))
-    return await sse(request, _generate_chunks(model, gen, with_logprobs, abort))
+    return await sse(request, _generate_chunks(request, gen, with_logprobs))
 
 
-async def _generate_chunks(
-    model: ScriptedModel, gen: Generation, with_logprobs: bool, abort: asyncio.Event | None
-) -> AsyncIterator[dict[str, Any]]:
-    """One cumulative /generate body per output token (one in all if there is none); an aborted
-    generation ends with a body of the tokens so far and finish_reason abort."""
+async def _generate_chunks(request: web.Request, gen: Generation, with_logprobs: bool) -> AsyncIterator[dict[str, Any]]:
+    """One cumulative /generate body per output token (one in all if there is none), made as the
+    token is sampled (its `weight_version` the one that sampled it); an aborted generation ends
+    with a body of the tokens so far and finish_reason abort."""
+    model = request.app[MODEL]
     for k in range(1, len(gen.output_ids) + 1) if gen.output_ids else [0]:
-        if await pace(gen, k, abort) < k:
+        if await decode(request, gen, k) < k:
             yield _generate_body(model, gen, k - 1, with_logprobs, aborted=True)
             return
         yield _generate_body(model, gen, k, with_logprobs)
@@ -238,7 +237,7 @@ def _generate_body(model: ScriptedModel, gen: Generation, k: int, with_logprobs:
         "prompt_tokens": len(gen.prompt_ids),
         "completion_tokens": k,
         "cached_tokens": gen.cached_tokens,
-        "weight_version": model.weight_version,
+        "weight_version": model.version_at(gen.times[k - 1]) if k else model.weight_version,
         "e2e_latency": time.perf_counter() - gen.started,
     }
     if with_logprobs:

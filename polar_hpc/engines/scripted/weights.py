@@ -3,10 +3,16 @@
 - POST /pause_generation `{"mode": ...}`: new generation requests wait at the door until
   /continue_generation. `abort` also ends every generation in flight at once, as SGLang does:
   its answer (or last stream event) carries the tokens so far and finish_reason
-  `{"type": "abort", "message": ...}` (`"abort"` on /v1/chat/completions). Other modes let the
-  running ones finish (no scheduler to freeze them in place).
+  `{"type": "abort", "message": ...}` (`"abort"` on /v1/chat/completions). `retract` and
+  `in_place` freeze the generations in flight, as SGLang's scheduler stops: a token not due at
+  the pause is not sampled until /continue_generation, and from then on the rest come one every
+  token delay (scheduled afresh, as a retracted request is; a policy pause among them is
+  dropped). A token is sampled when it is due; its event carries the version serving then
+  (`ScriptedModel.version_at`), also when it is written after a pause: so an event's
+  `weight_version` is the one that sampled its new tokens, as SGLang's are.
 - POST /update_weights_from_disk `{"model_path", "weight_version"}`: like SGLang's write lock,
-  holds new requests at the door and waits until no generation is running, then "loads" for the
+  holds new requests at the door and waits until no generation is running (unless generation is
+  frozen by a pause: then, as SGLang does while paused, it loads at once), then "loads" for the
   engine's set load time (`add_routes(app, load_ms)`, `polar-hpc engine --update-load-ms`: no
   weights are read, this is not a model, but a bench can tell that fixed time from what polar-hpc
   adds around it) and records the folder and the new version; answers `{"success": true,
@@ -18,7 +24,8 @@
   prefix cache.
 
 `generation_gate` is the middleware that holds /generate and /v1/chat/completions while paused and
-counts them while they run; `abort_signal(request)` is the event set when that request is aborted.
+counts them while they run; `decode(request, gen, k)` waits until a generation's first k tokens
+are sampled (paced, frozen while paused) and returns how many were, fewer when it was aborted.
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ from typing import Any
 
 from aiohttp import web
 
-from polar_hpc.engines.scripted.http import MODEL, read_json
-from polar_hpc.engines.scripted.model import BadRequest
+import time
+
+from polar_hpc.engines.scripted.http import MODEL, first_set, pace, read_json
+from polar_hpc.engines.scripted.model import BadRequest, Generation
 
 GENERATION_PATHS = ("/generate", "/v1/chat/completions")
 ABORT_MESSAGE = "aborted by /pause_generation (mode abort)"
@@ -50,6 +59,10 @@ class Gate:
         self.running = 0
         self.waiting = 0
         self.abort = asyncio.Event()  # set (then replaced) when the running generations are aborted
+        self.freeze = asyncio.Event()  # set (then replaced) when they are frozen by a pause
+        self.thawed = asyncio.Event()
+        self.thawed.set()
+        self.frozen_at: float | None = None  # when the freeze began (time.time()); None: not frozen
         self.model_path: str | None = None
 
     def reopen(self) -> None:
@@ -60,13 +73,43 @@ class Gate:
         self.abort.set()
         self.abort = asyncio.Event()
 
+    def freeze_running(self) -> None:
+        if self.frozen_at is None:
+            self.frozen_at = time.time()
+            self.thawed.clear()
+            self.freeze.set()
+
+    def thaw(self) -> None:
+        if self.frozen_at is not None:
+            self.frozen_at = None
+            self.freeze = asyncio.Event()
+            self.thawed.set()
+
 
 GATE = web.AppKey("gate", Gate)
 _ABORT = "abort_signal"
 
 
-def abort_signal(request: web.Request) -> asyncio.Event | None:
-    return request.get(_ABORT)
+async def decode(request: web.Request, gen: Generation, tokens: int) -> int:
+    """Wait until the first `tokens` output tokens of `gen` are sampled; how many were sampled
+    before the request was aborted (all of them when it was not)."""
+    gate, abort = request.app[GATE], request.get(_ABORT)
+    aborts = (abort,) if abort is not None else ()
+    while True:
+        if gate.frozen_at is not None:
+            done = sum(t <= gate.frozen_at for t in gen.times[:tokens])
+            if done == tokens:
+                return tokens
+            await first_set(gate.thawed, *aborts)
+            if abort is not None and abort.is_set():
+                return done
+            start, delay = time.time(), request.app[MODEL].token_delay_s
+            gen.times[done:] = [start + (i + 1) * delay for i in range(len(gen.times) - done)]
+            continue
+        if await pace(gen, tokens, gate.freeze, *aborts):
+            return tokens
+        if abort is not None and abort.is_set():
+            return min(tokens - 1, sum(t <= time.time() for t in gen.times[:tokens]))
 
 
 @web.middleware
@@ -122,12 +165,15 @@ async def pause_generation(request: web.Request) -> web.Response:
     gate.open.clear()
     if mode == "abort":
         gate.abort_running()
+    else:
+        gate.freeze_running()
     return web.json_response({"success": True})
 
 
 async def continue_generation(request: web.Request) -> web.Response:
     gate = request.app[GATE]
     gate.paused = False
+    gate.thaw()
     gate.reopen()
     return web.json_response({"success": True})
 
@@ -143,11 +189,12 @@ async def update_weights_from_disk(request: web.Request) -> web.Response:
     gate.loading += 1
     gate.open.clear()
     try:
-        await gate.idle.wait()
+        if gate.frozen_at is None:
+            await gate.idle.wait()
         await asyncio.sleep(gate.load_s)
         gate.model_path = path
         if version is not None:
-            model.weight_version = version
+            model.load(version)
         paused = gate.waiting
     finally:
         gate.loading -= 1

@@ -9,7 +9,8 @@
   Each answer (and each stream event) is cumulative: `text` is the whole text so far and
   `meta_info.output_token_logprobs` `[[logprob, id, text], ...]` every token so far;
   `meta_info.finish_reason` `{"type": stop|length|abort, "matched": ..., "message": ...}`,
-  `weight_version`, `cached_tokens`.
+  `weight_version` (the version serving when the event was made: the one that sampled the
+  event's new tokens), `cached_tokens`.
 - passthrough: `POST /v1/chat/completions` with `return_token_ids` and `logprobs` (SGLang >=
   0.5.17): `choices[0].prompt_token_ids` / `response_token_ids`, `logprobs.content`, and
   `metadata.weight_version`.
@@ -24,6 +25,7 @@ from typing import Any
 from polar_hpc.engines.capture import BROKEN, BadAnswer, Sampled, Sampling, chat_sampled
 
 CHAT_PATH = "/v1/chat/completions"
+VERSIONED_EVENTS = True  # each stream event's weight_version sampled its new tokens
 
 
 def generate(ids: list[int], sampling: Sampling, stream: bool, rid: str) -> tuple[str, dict[str, Any]]:
@@ -49,9 +51,14 @@ class Generation:
     def __init__(self) -> None:
         self._last: dict[str, Any] | None = None
         self._read = 0
+        self._versions: list[str] = []  # per token so far: the version of the event that brought it
 
     def feed(self, event: dict[str, Any]) -> str:
         self._last = event
+        meta = event.get("meta_info")
+        if isinstance(meta, dict) and isinstance(meta.get("output_token_logprobs"), list):
+            new = len(meta["output_token_logprobs"]) - len(self._versions)
+            self._versions += [str(meta.get("weight_version", ""))] * new
         text = event.get("text") or ""  # cumulative: each event's text extends the last's
         piece, self._read = text[self._read:], len(text)
         return piece
@@ -75,6 +82,8 @@ class Generation:
                 top_logprobs=[[(str(a[2]), float(a[0])) for a in alternatives]
                               for alternatives in meta["output_top_logprobs"]]
                 if meta.get("output_top_logprobs") else None,
+                token_versions=list(self._versions) if len(set(self._versions)) > 1
+                and len(self._versions) == len(pairs) else None,
             )
         except BROKEN as e:
             raise BadAnswer(f"engine answer lacks capture fields ({e!r})") from None

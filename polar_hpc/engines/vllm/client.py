@@ -30,6 +30,7 @@ import msgspec
 from polar_hpc.engines.capture import BROKEN, BadAnswer, Sampled, Sampling, chat_sampled, check_lengths
 
 CHAT_PATH = "/v1/chat/completions"
+VERSIONED_EVENTS = False  # no weight version in its answers
 
 
 def generate(ids: list[int], sampling: Sampling, stream: bool, rid: str) -> tuple[str, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Weight updates on vLLM servers, from a checkpoint folder on disk, in one of two modes.
+"""Weight updates on vLLM servers, from a checkpoint folder on disk, in one of two modes (`MODES`).
 
 `update_engines(urls, model_path, version, mode, timeout_s, api_key)` has the contract of every
 kind's (engines.updates): (the longest time an engine held generation in ms, ["URL: why"] for each
@@ -10,8 +10,12 @@ failed load. A load that fails half-way leaves vLLM 0.32's layers on the meta de
 dies at its next step, its engine step exits 1 and is restarted (then given the newest weights).
 So a `model_path` that is not a folder holding `*.safetensors` here (the orchestrator's node sees
 the checkpoint as the engines do, on the shared filesystem) fails the update before any engine is
-paused. vLLM keeps no weight version: `version` is the orchestrator's to record (EngineHello,
-the registry) and the proxy's to stamp on each call.
+paused. vLLM's own version label (/update_weight_version) is not set: `version` is the
+orchestrator's to record (EngineHello, the registry) and the proxy's to stamp on each call. That
+is also why there is no `continue` mode here: `/pause?mode=keep` would freeze the calls in flight
+and /resume continue them, but the route the proxy samples on (/v1/completions) reports no
+version, so the proxy could not tell which of a call's tokens came before the update
+(docs/service.md: vLLM's /inference/v1/generate would).
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ from pathlib import Path
 
 import aiohttp
 
-from polar_hpc.engines.updates import MODES, check_mode, post, update_all
+from polar_hpc.engines.updates import check_mode, post, update_all
 
 __all__ = ["MODES", "update_engines"]
+
+MODES = ("wait", "abort")
 
 
 async def update_engines(urls: list[str], model_path: str, version: str, mode: str,
                          timeout_s: float, api_key: str | None = None) -> tuple[float, list[str]]:
-    check_mode(mode)
+    check_mode(mode, MODES)
     folder = Path(model_path)
     if not folder.is_dir() or not any(folder.glob("*.safetensors")):
         return 0.0, [f"{url}: {model_path} is no folder holding *.safetensors" for url in urls]
