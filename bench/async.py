@@ -38,7 +38,8 @@ Figures per variant (the last line is one JSON object):
   same sessions' harness run time (the gateway's RUN stage: decoding, plus waiting for CPU on a
   loaded machine).
 - `wall_s`, `accepted` (samples trained on), `sessions` (started).
-At top level: the seed; the drawn decode lengths' p50, p99 and p99/p50 (`drawn_decode_*`), and
+At top level: the seed; the distribution's p99/p50 (`lognormal_p99_over_p50`: e^(2.326 sigma)); the
+drawn decode lengths' p50, p99 and p99/p50 (`drawn_decode_*`: a sample of G x (N + k) x steps), and
 the harness run times of every completed session (`session_run_*`: the drawn lengths plus the
 machine's overhead, which narrows the tail's ratio); `async_vs_sync` and `overprovisioned_vs_sync`
 (accepted_per_s ratios); the 1-minute load average at the end (`--only NAME` runs one variant).
@@ -207,7 +208,8 @@ def main() -> None:
         root = args.keep or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         figures, ran = run_all(root, plan, args)
-    out: dict = {"seed": args.seed, **_spread("drawn_decode", drawn), **_spread("session_run", ran), **figures}
+    out: dict = {"seed": args.seed, "lognormal_p99_over_p50": round(math.exp(2.326 * args.sigma), 1),
+                 **_spread("drawn_decode", drawn), **_spread("session_run", ran), **figures}
     for name in ("async", "overprovisioned"):
         if "sync" in figures and name in figures:
             out[f"{name}_vs_sync"] = round(figures[name]["accepted_per_s"] / figures["sync"]["accepted_per_s"], 2)
