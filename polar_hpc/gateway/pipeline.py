@@ -11,8 +11,11 @@ EVALUATION_SLACK_S (+ a command evaluator's timeout_s) after it starts, else the
 session `error` at once, with the reason. POSTRUN kills the sandbox's processes (and checks that
 none survives) before the trajectory is written; its files and cgroup are removed after the
 result is sent, still inside the POSTRUN slot.
-A stop (`drain(within_s)`) cancels the sessions not yet in POSTRUN (written `cancelled`), lets
-those in POSTRUN finish, and cuts whatever is still running after `within_s` (unwritten).
+A cancel (the orchestrator's `Cancel`: a decided group's tail) ends a session whose harness is still
+running (written `cancelled`); one whose harness has ended (waiting for a POSTRUN slot or in POSTRUN)
+is left to write its trajectory and result as it is. A stop (`drain(within_s)`) cancels the
+sessions whose harness still runs (written `cancelled`), lets the others finish, and cuts whatever
+is still running after `within_s` (unwritten).
 A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
 is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 
@@ -123,7 +126,7 @@ class Pipeline:
             "POSTRUN": asyncio.Semaphore(pools.postrun),
         }
         self.sessions: dict[str, asyncio.Task] = {}
-        self._finishing: set[str] = set()  # sessions in POSTRUN: a stop lets them end
+        self._finishing: set[str] = set()  # harness ended (POSTRUN, or waiting for it): a cancel or stop lets them end
         self._draining = False
 
     def assign(self, spec: wire.SessionSpec) -> None:
@@ -135,10 +138,15 @@ class Pipeline:
         task.add_done_callback(lambda _: self.sessions.pop(spec.session_id, None))
 
     def cancel(self, session_id: str) -> None:
-        """Cancel a session; after the loop's turn, so one assigned in the same turn has started
-        (inside its handler: it still writes its result) before it is cancelled."""
-        if session_id in self.sessions:
-            asyncio.get_running_loop().call_soon(self.sessions[session_id].cancel)
+        """Cancel a session whose harness still runs; after the loop's turn, so one assigned in the
+        same turn has started (inside its handler: it still writes its result) before it is
+        cancelled. One past its harness is left to write its result: cancelling it there would end
+        it with none."""
+        asyncio.get_running_loop().call_soon(self._cancel, session_id)
+
+    def _cancel(self, session_id: str) -> None:
+        if session_id in self.sessions and session_id not in self._finishing:
+            self.sessions[session_id].cancel()
 
     async def drain(self, within_s: float) -> None:
         """Cancel every session not yet in POSTRUN and wait, at most `within_s`, until each has
@@ -174,13 +182,13 @@ class Pipeline:
         finally:
             for stage in holding:
                 self._release(stage)
-        async with self._stage["POSTRUN"]:
-            self._update(sid, "POSTRUN", outcome)
-            self._finishing.add(sid)
-            try:
+        self._finishing.add(sid)
+        try:
+            async with self._stage["POSTRUN"]:
+                self._update(sid, "POSTRUN", outcome)
                 await self._postrun(spec, task, sandbox, outcome, t_start)
-            finally:
-                self._finishing.discard(sid)
+        finally:
+            self._finishing.discard(sid)
 
     async def _before_postrun(self, spec, task, sandbox, holding, outcome) -> None:
         sid = spec.session_id
