@@ -192,6 +192,56 @@ def cancel(target: str = typer.Argument(..., help="Run directory or Slurm job id
     _guard(lambda: cancel_run(target, Console()))
 
 
+@app.command()
+def grow(
+    target: str = typer.Argument(..., help="Run directory or Slurm job id of a run whose job is queued or running."),
+    nodes: int = typer.Option(1, "--nodes", "-N", help="Gateway nodes to add (one gateway each)."),
+    partition: Optional[str] = typer.Option(None, help="Partition (default: slurm.cpu's); a preemptible one is fine."),
+    time: Optional[str] = typer.Option(None, "--time", help="The grow job's time limit (default: slurm.time)."),
+    cpus: Optional[int] = typer.Option(None, help="CPUs per node (default: slurm.cpu.cpus)."),
+    sbatch: Optional[list[str]] = typer.Option(None, "--sbatch", help="More sbatch flags, e.g. --sbatch=--qos=low (repeatable)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the grow job's sbatch script; submit nothing."),
+) -> None:
+    """Add gateway nodes to a running run as a separate Slurm job; they join it and take work."""
+    from polar_hpc.launch.grow import GrowSpec
+    from polar_hpc.launch.grow import grow as grow_run
+
+    def go() -> None:
+        spec = GrowSpec(nodes, partition, time, cpus, tuple(sbatch or ()), dry_run)
+        out, where = grow_run(target, spec)
+        if dry_run:
+            typer.echo(out, nl=False)
+            return
+        typer.echo(f"submitted grow job {out} for {where}\nfollow it: polar-hpc status {where}\n"
+                   f"give the nodes back: polar-hpc shrink {where} {out}")
+
+    _guard(go)
+
+
+@app.command()
+def shrink(
+    target: str = typer.Argument(..., help="Run directory or Slurm job id of the run."),
+    job: Optional[str] = typer.Argument(None, help="One grow job of the run (default: all of them)."),
+) -> None:
+    """Give a run's grow nodes back (scancel its grow jobs); the run's own job is untouched."""
+    from polar_hpc.launch.grow import shrink as shrink_run
+
+    def go() -> None:
+        gone = shrink_run(target, job)
+        typer.echo(f"scancel sent to grow job {', '.join(gone)}: its gateways leave within the stop budget"
+                   if gone else "no grow job of this run is queued or running")
+
+    _guard(go)
+
+
+@app.command(hidden=True)
+def member(run_dir: Path = typer.Option(..., help="The run directory.")) -> None:
+    """A grow job's member driver (run by its sbatch script): gateways that join the run."""
+    from polar_hpc.launch.member import serve
+
+    raise typer.Exit(_guard(lambda: serve(run_dir)))
+
+
 @app.command(hidden=True)
 def driver(run_dir: Path = typer.Option(..., help="The run directory.")) -> None:
     """The job's driver (run by the sbatch script in component 0's batch step)."""

@@ -14,8 +14,8 @@
 - `idle_gpu_s(run_dir)`: GPU-seconds the engines sat with no request running or waiting, from the
   orchestrator's engine readings in metrics.jsonl (`observe.idle`), as the run's GPUs per engine
   times those engine-seconds.
-- `account(run_dir)`: the jobs the run's driver journal names (its `start` events), their lives
-  since the run was made (its `topology.yaml`),
+- `account(run_dir)`: the jobs the run's driver journal names (its `start` events) and its grow
+  jobs (`journal/grow.jsonl`, launch/grow.py), their lives since the run was made (its `topology.yaml`),
   and the run's products as `RunReader` reads them (accepted trajectories, trainable tokens),
   with GPU-hours and CPU-hours per accepted trajectory and the GPU-seconds known wasted (`cut` by
   stops, `discarded_by_overprovisioning`, `idle_engines`). `write(run_dir, figures)` saves it in one rename,
@@ -34,6 +34,7 @@ from typing import Any
 from polar_hpc import nofollow
 from polar_hpc.config import Topology, load_topology
 from polar_hpc.errors import ToolFailed
+from polar_hpc.launch import grow
 from polar_hpc.observe.idle import EngineIdle, engine_idle
 from polar_hpc.observe.run import ACCOUNTING, RunReader
 from polar_hpc.orchestrator.journal import progress, read_jsonl
@@ -115,6 +116,7 @@ def idle_gpu_s(run_dir: Path) -> tuple[float, EngineIdle, int]:
 def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
     jobs = list(dict.fromkeys(str(e["job"]) for e in read_jsonl(run_dir / "journal" / "driver.jsonl")
                               if e.get("event") == "start" and e.get("job")))
+    jobs += [j for j in grow.jobs(run_dir) if j not in jobs]
     if not jobs:
         raise AccountingUnavailable("no Slurm job has started for this run")
     found = lives(jobs, (run_dir / "topology.yaml").stat().st_mtime - 1, sacct)

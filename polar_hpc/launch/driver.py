@@ -36,7 +36,6 @@ reads it to say what happened. The stale `rendezvous.json` is removed.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 import signal
@@ -51,12 +50,14 @@ import zmq
 
 from polar_hpc import procs, security, wire
 from polar_hpc.config import load_topology
-from polar_hpc.launch.rundir import record_job
+from polar_hpc.launch.rundir import append_event, record_job
 from polar_hpc.launch.supervise import Supervisor
 from polar_hpc.orchestrator.journal import progress
 from polar_hpc.orchestrator.sessions import ADMIT_UNTIL_ENV, FINAL, HELD, LIFE_ENV
 
 KILL_WAIT_DEFAULT_S = 30.0  # Slurm's default KillWait
+_POLAR = [sys.executable, "-m", "polar_hpc"]
+_ONE = ["--nodes=1", "--ntasks=1"]
 _GPU_ENV = ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
@@ -284,27 +285,32 @@ def _orchestrator_exit(run_dir: Path, returncode: int, started: float) -> tuple[
 
 
 def _record(run_dir: Path, event: str, **fields) -> None:
-    with open(run_dir / "journal" / "driver.jsonl", "a") as f:
-        f.write(json.dumps({"t": round(time.time(), 3), "event": event, **fields}) + "\n")
+    append_event(run_dir / "journal" / "driver.jsonl", event, **fields)
 
 
 def _start_steps(sup: Supervisor, run_dir: Path, topology, endpoint: str) -> None:
     """One engine step per GPU node, one gateway step per CPU node, each restarted up to
     `slurm.step_restarts` times."""
-    polar = [sys.executable, "-m", "polar_hpc"]
-    one = ["--nodes=1", "--ntasks=1"]
-    cpu_env = {k: v for k, v in os.environ.items() if k not in _GPU_ENV}
     steps = []
     for node in nodes(0):
-        argv = ["srun", "--het-group=0", "--overlap", *one, f"--nodelist={node}", f"--cpus-per-task={topology.slurm.gpu.cpus}"]
-        argv += polar + ["engine", "--kind", topology.engine.kind, "--run-dir", str(run_dir)]
+        argv = ["srun", "--het-group=0", "--overlap", *_ONE, f"--nodelist={node}", f"--cpus-per-task={topology.slurm.gpu.cpus}"]
+        argv += _POLAR + ["engine", "--kind", topology.engine.kind, "--run-dir", str(run_dir)]
         steps.append((f"engine-{node}", argv, dict(os.environ), run_dir / "logs" / f"step-engine-{node}.log"))
     for node in nodes(1):
-        argv = ["srun", "--het-group=1", *one, f"--nodelist={node}", f"--cpus-per-task={topology.slurm.cpu.cpus}"]
-        argv += polar + ["gateway", "--run-dir", str(run_dir), "--orchestrator", endpoint, "--gateway-id", f"gw-{node}"]
-        steps.append((f"gateway-{node}", argv, cpu_env, run_dir / "logs" / f"step-gateway-{node}.log"))
+        steps.append(gateway_step(run_dir, node, node, endpoint, topology.slurm.cpu.cpus, ["--het-group=1"]))
     for name, argv, env, log in steps:
         sup.add(name, functools.partial(procs.spawn_command, name, argv, log, env), restarts=topology.slurm.step_restarts)
+
+
+def gateway_step(run_dir: Path, node: str, tag: str, endpoint: str, cpus: int,
+                 srun_flags: list[str]) -> tuple[str, list[str], dict[str, str], Path]:
+    """(name, argv, environment, log) of a gateway step on `node`, the run's (`tag` = the node) or a
+    grow job's (launch/member.py, `tag` = g<job>-<node>): named `gateway-<tag>`, gateway id
+    `gw-<tag>`, log `logs/step-gateway-<tag>.log`; the GPU variables removed from its environment."""
+    argv = ["srun", *srun_flags, *_ONE, f"--nodelist={node}", f"--cpus-per-task={cpus}"]
+    argv += _POLAR + ["gateway", "--run-dir", str(run_dir), "--orchestrator", endpoint, "--gateway-id", f"gw-{tag}"]
+    env = {k: v for k, v in os.environ.items() if k not in _GPU_ENV}
+    return f"gateway-{tag}", argv, env, run_dir / "logs" / f"step-gateway-{tag}.log"
 
 
 def _status(sock: zmq.Socket) -> wire.StatusReply | None:

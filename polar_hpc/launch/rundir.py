@@ -9,7 +9,8 @@ name); a folder that already holds a run is refused (`check_new`, also what `sub
 A Slurm run records its job: `<run>/job.json` {"job_id"} and `~/.polar-hpc/jobs/<job id>` (the run
 dir; `$POLAR_HPC_HOME` overrides the folder), written by `submit` and again by the driver when the
 job starts (so a job submitted by hand with `polar-hpc sbatch` is found too). `resolve` maps a run
-directory or a job id back to (run dir, job id).
+directory or a job id back to (run dir, job id). `append_event` adds one timestamped JSON line to a
+journal of the launchers (`journal/driver.jsonl`, `journal/grow.jsonl`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ def record_job(job_id: str, run_dir: Path) -> None:
     (run_dir / "job.json").write_text(json.dumps({"job_id": job_id}))
     job_index().mkdir(parents=True, exist_ok=True)
     (job_index() / job_id).write_text(str(run_dir))
+
+
+def append_event(path: Path, event: str, **fields) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps({"t": round(time.time(), 3), "event": event, **fields}) + "\n")
 
 
 def resolve(target: str) -> tuple[Path, str | None]:

@@ -1,8 +1,9 @@
 """`polar-hpc submit` / `sbatch`: one Slurm heterogeneous job per run, through submitit.
 
 Component 0 = `slurm.gpu` nodes (engine steps), component 1 = `slurm.cpu` nodes (gateway steps);
-the driver (`launch/driver.py`) runs in component 0's batch step. `script` is the one renderer
-of the job's sbatch script (template `slurm/hetjob.sbatch.j2`: component 0's `#SBATCH` lines and
+the driver (`launch/driver.py`) runs in component 0's batch step. `render` is the one renderer of
+a polar-hpc sbatch script (`script`, the run's job; `launch/grow.py`, a grow job); template
+`slurm/hetjob.sbatch.j2`: component 0's `#SBATCH` lines and
 `slurm.extra_sbatch`, the `#SBATCH hetjob` block, the command, `exec`ed so the batch shell *is* the
 driver and the `B:USR2@signal_s` signal reaches it). `HetSlurmExecutor` is a submitit
 `SlurmExecutor` that submits that script with submitit's command (which unpickles and calls
@@ -77,15 +78,21 @@ def sbatch_lines(flags: dict[str, str | bool]) -> list[str]:
 
 
 def script(topology: Topology, output: str, command: list[str]) -> str:
-    """The job's sbatch script, the one renderer (template `slurm/hetjob.sbatch.j2`): both
-    components' `#SBATCH` lines, `slurm.extra_sbatch` with component 0's, then `command`."""
+    """The job's sbatch script: both components' `#SBATCH` lines, `slurm.extra_sbatch` with
+    component 0's, then `command`."""
     slurm = topology.slurm
     first = component_flags(slurm.gpu, slurm, True) | {"output": output, "open_mode": "append"}
+    return render([first, component_flags(slurm.cpu, slurm, False)], slurm.extra_sbatch, command)
+
+
+def render(components: list[dict[str, str | bool]], extra: list[str], command: list[str]) -> str:
+    """The one renderer of a polar-hpc sbatch script (template `slurm/hetjob.sbatch.j2`): each
+    component's flags (several: a hetjob; one: a plain job, as `polar-hpc grow` submits), `extra`
+    flags with the first component's, then `command`."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined)
     return env.get_template("hetjob.sbatch.j2").render(
-        components=[sbatch_lines(first), sbatch_lines(component_flags(slurm.cpu, slurm, False))],
-        extra=slurm.extra_sbatch, command=command)
+        components=[sbatch_lines(c) for c in components], extra=extra, command=command)
 
 
 def dry_run(topology: Topology, run_dir: Path) -> str:

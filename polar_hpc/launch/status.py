@@ -1,7 +1,8 @@
 """`polar-hpc status` and `polar-hpc cancel` for a Slurm run, named by run directory or job id.
 
 A job id is looked up in `~/.polar-hpc/jobs/` (written by submit, and by the driver when a job
-starts). Status shows the Slurm state and exit code (squeue, else sacct), then asks the
+starts). Status shows the Slurm state and exit code (squeue, else sacct) of the run's job and of
+each of its grow jobs (`polar-hpc grow`, launch/grow.py), then asks the
 orchestrator (over CURVE with the run's keys) for the engines and gateways (up, load), sessions
 by state, throughput and ETA, and where its Prometheus /metrics is. When it cannot be reached it
 tells the run's story from the files: sessions ended (by status) and never ended, from the
@@ -32,7 +33,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from polar_hpc import nofollow, security, wire
-from polar_hpc.launch import accounting
+from polar_hpc.launch import accounting, grow
 from polar_hpc.launch.rundir import resolve
 from polar_hpc.launch.slurm import ACTIVE, job_state
 from polar_hpc.observe.run import RunReader
@@ -68,6 +69,9 @@ def show(target: str, console: Console) -> None:
                       "`polar-hpc sbatch` script is recorded when its driver starts)", soft_wrap=True)
     else:
         console.print(f"slurm job {job_id}: {state}" + (f" (exit code {code})" if code else ""))
+    for job in grow.jobs(run_dir):
+        grown, grown_code = job_state(job)
+        console.print(f"grow job {job}: {grown}" + (f" (exit code {grown_code})" if grown_code else ""))
     reply = ask(run_dir, wire.StatusRequest())
     if not isinstance(reply, wire.StatusReply):
         for line in story(run_dir, job_id, state):

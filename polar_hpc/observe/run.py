@@ -9,7 +9,8 @@ unreadable input (`problems`):
   weight versions, stage seconds, and the trajectory browser's rows;
 - `logs` (logs.py): each process's log — errors by kind, last line, when it last changed;
 and `live`, the orchestrator's lines of metrics.jsonl. `driver()` is the driver journal's last
-event (whether the job ended, and why); `accounting()` the run's cost as `polar-hpc status` last
+event (whether the job ended, and why); `jobs()` every Slurm job of the run (the main one and its
+grow jobs, `journal/grow.jsonl`) by its last word; `accounting()` the run's cost as `polar-hpc status` last
 wrote it from Slurm's accounting (`accounting.json`, launch/accounting.py); `overview()` is the
 figures as one JSON object.
 """
@@ -52,21 +53,37 @@ class RunReader:
         self.live.poll()
 
     def driver(self) -> dict[str, Any] | None:
-        path = self.run_dir / "journal" / "driver.jsonl"
+        events = self._tail("driver.jsonl")
+        return events[-1] if events else None
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """Every Slurm job of the run, the main one (driver.jsonl) and its grow jobs (grow.jsonl):
+        {job, kind, event, outcome} by each job's last word (`submitted`, `start`, `joined`, `end`)."""
+        last: dict[tuple[str, str], dict[str, Any]] = {}
+        for kind, name in (("main", "driver.jsonl"), ("grow", "grow.jsonl")):
+            for e in self._tail(name):
+                if e.get("job"):
+                    last[(kind, str(e["job"]))] = e
+        return [{"job": job, "kind": kind, "event": e.get("event"), "outcome": e.get("outcome")}
+                for (kind, job), e in list(last.items())[:100]]
+
+    def _tail(self, name: str) -> list[dict[str, Any]]:
+        """The whole JSON objects in the last 64 KiB of journal/`name`."""
         try:
-            with nofollow.fopen(path, "rb", below=2) as f:
+            with nofollow.fopen(self.run_dir / "journal" / name, "rb", below=2) as f:
                 f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
                 lines = f.read().splitlines()
         except OSError:
-            return None
-        for line in reversed(lines):
+            return []
+        events = []
+        for line in lines:
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
             if isinstance(event, dict):
-                return event
-        return None
+                events.append(event)
+        return events
 
     def accounting(self) -> dict[str, Any] | None:
         try:
@@ -93,6 +110,7 @@ class RunReader:
             "run_dir": str(self.run_dir),
             "state": "finished" if finished else "stopped" if stopped else "running",
             "driver": driver,
+            "jobs": self.jobs(),
             "total": total, "done": done, "left": left, "by_status": dict(sorted(s.results.items())),
             "elapsed_s": elapsed, "sessions_per_s": rate,
             "eta_s": 0.0 if finished else (left / rate if rate > 0 else None),

@@ -70,6 +70,21 @@ def test_stop_waits_for_what_ends_by_itself_and_ends_the_rest(tmp_path: Path) ->
     assert codes == [7, -15]
 
 
+def test_a_member_done_on_success_is_not_restarted_after_exit_0(tmp_path: Path) -> None:
+    """A grow job's gateway let go by its orchestrator (exit 0) stays down; a failure is still restarted."""
+    said: list[str] = []
+    sup = Supervisor(said.append)
+    sup.add("gateway-a", _sh("gateway-a", "exit 0", tmp_path / "a.log"), restarts=2, done_on_success=True)
+    sup.add("gateway-b", _sh("gateway-b", "exit 4", tmp_path / "b.log"), restarts=1, done_on_success=True)
+    _until(sup, "gateway-b")
+    assert said.count("gateway-a exited with code 0: done") == 1
+    assert "gateway-b exited with code 4; restart 1 in 1s" in said
+    assert sup.finished("gateway") and not sup.finished("gateway-b") and not sup.given_up("gateway-a")
+    with pytest.raises(ChildFailed, match="gateway-b exited with code 4"):
+        sup.check()
+    sup.stop(grace_s=5)
+
+
 def _calls_outside_add(module: Path) -> list[str]:
     """Process starts (procs.spawn*) and exit checks (.poll(), .check()) not made through the supervisor."""
     tree = ast.parse(module.read_text())
@@ -85,6 +100,6 @@ def _calls_outside_add(module: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["local.py", "driver.py"])
+@pytest.mark.parametrize("name", ["local.py", "driver.py", "member.py"])
 def test_both_launchers_start_and_watch_processes_only_through_the_supervisor(name: str) -> None:
     assert _calls_outside_add(Path(polar_hpc.launch.__file__).parent / name) == []

@@ -39,10 +39,11 @@ def slurm(tmp_path_factory) -> dict[str, str]:
 @pytest.fixture
 def tmp_path() -> Path:
     """A folder of its own (pytest's numbered temp folders are pruned by other concurrent runs);
-    the jobs of its runs are cancelled at the end, so a failed test leaves none to block the next."""
+    the jobs of its runs (grow jobs too) are cancelled at the end, so a failed test leaves none to block the next."""
     path = Path(tempfile.mkdtemp(prefix="polar-slurm-test-"))
     yield path
     jobs = [json.loads(p.read_text())["job_id"] for p in path.glob("*/job.json")]
+    jobs += [json.loads(x)["job"] for p in path.glob("*/journal/grow.jsonl") for x in p.read_text().splitlines()]
     if jobs:
         subprocess.run(["scancel", *jobs], env=dict(os.environ, SLURM_CONF=CONF), capture_output=True)
     shutil.rmtree(path, ignore_errors=True)

@@ -88,6 +88,8 @@ function drawOverview(o) {
     ({cells: [k, v.n, fmt(v.mean, 2), fmt(v.max, 2)]})));
   table("tasks", ["task", "ended", "rewarded", "mean", "min", "max"], o.tasks.map((t) =>
     ({attrs: {"data-task": t.task_id}, cells: [t.task_id, pairs(t.by_status), t.reward.n, fmt(t.reward.mean, 3), fmt(t.reward.min, 3), fmt(t.reward.max, 3)]})));
+  table("jobs", ["job", "kind", "last word"], (o.jobs || []).map((j) =>
+    ({cells: [j.job, j.kind, j.event === "end" ? "ended: " + j.outcome : j.event === "start" ? "running" : j.event]})));
   table("gateways", ["gateway", "host", "slots", "up", "since (UTC)"], o.gateways.map((g) =>
     ({cells: [g.name, g.host, g.slots ?? "", g.up ? "up" : "lost", new Date(g.since * 1000).toISOString().slice(11, 19)]})));
   table("processes", ["process", "errors", "log changed", "last line"], o.processes.map((p) =>

@@ -1,0 +1,111 @@
+"""`polar-hpc grow` on a real Slurm: a grow job's gateway joins a running run, takes sessions, is
+stopped by Slurm mid-run (`polar-hpc shrink`: scancel, as a preemption stops it), and the run still
+ends COMPLETED with every (task, sample) exactly once; a grow job follows the run's job through a
+requeue into its next life and ends with the run."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from polar_hpc.observe.run import RunReader
+from tests.slurm.conftest import job_gone, journal, results, wait_for
+from tests.slurm.test_hetjob import _calculator, _check_exactly_once, _nudge, _polar, _sacct_state, _submit
+
+
+def _held_by(run_dir: Path, gateway: str) -> tuple[int, int]:
+    """(sessions the gateway was assigned, of them those still without an end) from the journal."""
+    events = journal(run_dir)
+    mine = {e["session"] for e in events if e["event"] == "assigned" and e["gateway"] == gateway}
+    ended = {e["session"] for e in events if e["event"] in ("result", "interrupted")}
+    ended |= {e["previous"] for e in events if e["event"] == "requeued"}
+    return len(mine), len(mine - ended)
+
+
+@pytest.mark.timeout(420)  # two jobs, 40 sessions of up to 32 s, on a busy 2-core machine (270 s seen at load 19)
+def test_a_grown_gateway_takes_work_and_leaves_on_scancel_with_nothing_lost(slurm, tmp_path: Path,
+                                                                            calculator_dir: Path) -> None:
+    n = 40
+    tasks = _calculator(tmp_path, calculator_dir, n)
+    text = tasks.read_text().replace("timeout_s: 60", "timeout_s: 300")  # two gateways on 2 busy cores
+    # samples take 2, 12, 22, 32 s in turn: when a gateway ends one, it still runs others
+    staggered = "command: 's=${POLAR_SESSION_ID##*#}; sleep $((2 + ${s%%.*} % 4 * 10)) && python agent.py'"
+    tasks.write_text(text.replace("command: python agent.py", staggered))
+    assert "sleep $((" in tasks.read_text()
+    job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=30)
+    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
+    out = _polar(slurm, "grow", job_id, "--nodes", "1", "--cpus", "2")
+    assert out.returncode == 0, out.stderr
+    grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
+    node = wait_for("the grow job to start", lambda: next(
+        (e["nodes"][0] for e in _grow_events(run_dir) if e["event"] == "start"), None), 180)
+    gateway = f"gw-g{grow}-{node}"
+    wait_for(f"{gateway} to finish a session and hold others", lambda: _held_by(run_dir, gateway)[1] > 0 and any(
+        r["session"] in _assigned_to(run_dir, gateway) for r in results(run_dir)), 120, 0.2)
+    shrink = _polar(slurm, "shrink", run_dir)
+    assert shrink.returncode == 0 and f"scancel sent to grow job {grow}" in shrink.stdout, shrink
+    wait_for("the grow job to end", lambda: job_gone(slurm, grow), 60)
+    wait_for("the run's job to end", lambda: job_gone(slurm, job_id), 240)
+    _check_exactly_once(run_dir, n)
+    events = journal(run_dir)
+    mine = _assigned_to(run_dir, gateway)
+    again = [e for e in events if e["event"] == "requeued" and e["previous"] in mine]
+    assert again, "the grown gateway's sessions in flight were not handed back"
+    assert len({e["previous"] for e in again}) == len(again)  # each once
+    ends = [e for e in _grow_events(run_dir) if e["event"] == "end"]
+    assert [(e["job"], e["outcome"]) for e in ends] == [(grow, "signal")], ends  # it said goodbye within KillWait
+    assert [e["job"] for e in _grow_events(run_dir) if e["event"] == "joined"] == [grow]
+    assert not any(e.get("job") == grow for e in map(json.loads, (run_dir / "journal" / "driver.jsonl").open()))
+    assert _sacct_state(slurm, job_id).startswith(f"{job_id}+0|COMPLETED|0:0")  # the main job untouched
+    status = wait_for("status to list both jobs", lambda: (o := _polar(slurm, "status", run_dir).stdout) and
+                      "COMPLETED" in o and f"grow job {grow}: CANCELLED" in o and o, 30)
+    assert "finished: all sessions ended" in status, status
+    assert grow in json.loads((run_dir / "accounting.json").read_text())["jobs"]
+    shown = RunReader(run_dir).overview()["jobs"]  # the dashboard's list
+    assert [(j["job"], j["kind"], j["outcome"]) for j in shown] == [(job_id, "main", "finished"), (grow, "grow", "signal")]
+
+
+def _grow_events(run_dir: Path) -> list[dict]:
+    path = run_dir / "journal" / "grow.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _assigned_to(run_dir: Path, gateway: str) -> set[str]:
+    return {e["session"] for e in journal(run_dir) if e["event"] == "assigned" and e["gateway"] == gateway}
+
+
+def test_grow_of_a_run_whose_job_has_ended_is_refused(slurm, tmp_path: Path, calculator_dir: Path) -> None:
+    job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 2))
+    subprocess.run(["scancel", job_id], env=slurm, check=True)
+    wait_for("the job to end", lambda: job_gone(slurm, job_id), 60)
+    out = _polar(slurm, "grow", job_id)
+    assert out.returncode == 2 and f"the run has no job queued or running (job {job_id}: " in out.stderr, out
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert not (run_dir / "journal" / "grow.jsonl").exists()
+
+
+@pytest.mark.timeout(420)  # two lives of the run's job beside a grow job
+def test_a_grow_job_follows_the_run_into_its_next_life_and_ends_with_it(slurm, tmp_path: Path,
+                                                                        calculator_dir: Path) -> None:
+    job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 16), token_delay_ms=15)
+    out = _polar(slurm, "grow", run_dir)
+    assert out.returncode == 0, out.stderr
+    grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
+    first = wait_for("the grow job to join", lambda: next(
+        (e["endpoint"] for e in _grow_events(run_dir) if e["event"] == "joined"), None), 120)
+    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
+    subprocess.run(["scontrol", "requeue", job_id], env=slurm, check=True)
+    wait_for("the run's next life, joined by the grow job", lambda: _nudge(slurm, job_id) or len(
+        [e for e in _grow_events(run_dir) if e["event"] == "joined"]) >= 2, 180, 2.0)
+    wait_for("both jobs to end", lambda: job_gone(slurm, job_id) and job_gone(slurm, grow), 180)
+    _check_exactly_once(run_dir, 16)
+    joined = [e["endpoint"] for e in _grow_events(run_dir) if e["event"] == "joined"]
+    assert joined[0] == first and len(joined) == 2 and any(e["event"] == "resumed" for e in journal(run_dir))
+    ends = [(e["job"], e["outcome"], e["code"]) for e in _grow_events(run_dir) if e["event"] == "end"]
+    assert ends == [(grow, "finished", 0)], ends  # it ended with the run, not at its time limit
+    gateways = {e["gateway"] for e in journal(run_dir) if e["event"] == "gateway_up"}
+    assert any(g.startswith(f"gw-g{grow}-") for g in gateways), gateways
