@@ -16,6 +16,10 @@ running (written `cancelled`); one whose harness has ended (waiting for a POSTRU
 is left to write its trajectory and result as it is. A stop (`drain(within_s)`) cancels the
 sessions whose harness still runs (written `cancelled`), lets the others finish, and cuts whatever
 is still running after `within_s` (unwritten).
+A harness that dies of a stop signal (STOP_SIGNALS: the gateway sends none, it kills with SIGKILL)
+was stopped from outside: a Slurm stop signals every process of the step, and its gateway may see
+the harness dead before it sees its own SIGTERM. Its session ends `cancelled` (written so; the
+orchestrator runs it again), never `error`.
 A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
 is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 
@@ -49,6 +53,7 @@ import dataclasses
 import functools
 import logging
 import secrets
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +73,7 @@ from polar_hpc.trajectory.model import Trajectory
 STDERR_TAIL = 4000
 EVALUATION_SLACK_S = 5.0  # an evaluation may end this long (+ a command's timeout_s) after the harness
 ON_DIFF = (TestsEvaluator, SwebenchEvaluator)  # judged on the harness's workspace diff (a snapshot at start)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)  # a job's stop
 MOUNTS = {"/tests": "tests", "/solution": "solution", "/logs/agent": "logs/agent", "/logs/verifier": "logs/verifier"}
 log = logging.getLogger("polar_hpc.gateway")
 
@@ -236,6 +242,8 @@ class Pipeline:
             outcome.status = "timeout"
         elif result.limit:
             outcome.status, outcome.error = "error", f"harness killed: {result.limit}"
+        elif stop := _stopped_by(result.returncode):
+            outcome.status, outcome.error = "cancelled", f"harness stopped by {stop} from outside the gateway"
         elif result.returncode != 0:
             outcome.status = "error"
             outcome.error = f"harness exited with code {result.returncode}"
@@ -403,6 +411,14 @@ class Pipeline:
     def _update(self, session_id: str, state: str, outcome: _Outcome) -> None:
         t = outcome.marks[state] = time.time()
         self.send(wire.SessionUpdate(session_id=session_id, state=state, t=t))
+
+
+def _stopped_by(returncode: int) -> str | None:
+    """The stop signal a harness died of (-N from the process itself, 128+N as a shell or bwrap
+    reports it), or None. The gateway kills sandboxes only with SIGKILL, so such a signal came from
+    outside: a Slurm stop (scancel, preemption, requeue) signals every process of the step, the
+    harness and its gateway alike, in an order no one controls."""
+    return next((s.name for s in STOP_SIGNALS if returncode in (-s, 128 + s)), None)
 
 
 def _mounts(task: Task) -> dict[str, str] | None:

@@ -1,0 +1,68 @@
+"""A harness stopped from outside by a stop signal ends its session `cancelled` (the orchestrator
+journals it `interrupted` and runs it again), never `error`: a Slurm stop (scancel of a grow job,
+preemption, requeue) signals every process of the step, and the harness may die and be seen dead
+before its gateway notices its own SIGTERM. Held in flight: each harness writes its pid and sleeps
+until the test signals it, with no stop of the gateway at all. Real pipeline, `none` sandboxes, real
+harness processes, a real shard writer; the proxy link is the one part played here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from polar_hpc import wire
+from polar_hpc.config import PoolConfig, SandboxConfig, Task
+from polar_hpc.gateway.pipeline import Pipeline
+from polar_hpc.sandbox import backend
+from polar_hpc.shards.reader import iter_trajectories
+from polar_hpc.shards.writer import ShardWriter
+from tests.gateway.test_drain import _Link
+
+
+@pytest.mark.timeout(120)
+def test_a_harness_killed_by_a_stop_signal_is_cancelled_not_an_error(tmp_path: Path) -> None:
+    make_sandbox, _ = backend(SandboxConfig(backend="none"), tmp_path)
+    commands = {  # task -> harness; each writes its pid, then waits for the test's signal
+        "term": f"echo $$ > {tmp_path}/term.pid && exec sleep 600",  # dies of SIGTERM: -15
+        "shell": f"trap 'exit 143' TERM; echo $$ > {tmp_path}/shell.pid; sleep 600 & wait",  # 128 + 15, as bwrap says it
+        "hup": f"echo $$ > {tmp_path}/hup.pid && exec sleep 600",
+        "killed": f"echo $$ > {tmp_path}/killed.pid && exec sleep 600",  # SIGKILL is no stop signal (an OOM kill)
+        "crash": f"echo $$ > {tmp_path}/crash.pid; exit 3",  # its own failure
+    }
+    sent: list[wire.Message] = []
+
+    async def main() -> None:
+        writer = ShardWriter(tmp_path / "shards", "gw", 1 << 30, 3600)
+        pipeline = Pipeline(PoolConfig(), make_sandbox, tmp_path / "work", _Link(""), writer, sent.append)
+        for name, command in commands.items():
+            task = Task.model_validate({"id": name, "instruction": "x", "timeout_s": 600, "harness": {"command": command}})
+            pipeline.assign(wire.SessionSpec(session_id=f"{name}#0.0", task=task.model_dump(mode="json"),
+                                             sample_index=0, attempt=0, deadline=time.time() + 600))
+        pids = {name: tmp_path / f"{name}.pid" for name in commands}
+        while not all(p.exists() and p.read_text().strip() for p in pids.values()):
+            await asyncio.sleep(0.05)  # every harness running
+        os.kill(int(pids["term"].read_text()), signal.SIGTERM)
+        os.kill(int(pids["shell"].read_text()), signal.SIGTERM)
+        os.kill(int(pids["hup"].read_text()), signal.SIGHUP)
+        os.kill(int(pids["killed"].read_text()), signal.SIGKILL)
+        while pipeline.sessions:
+            await asyncio.sleep(0.05)
+        writer.close()
+
+    asyncio.run(main())
+    results = {m.session_id.split("#")[0]: (m.status, m.error) for m in sent if isinstance(m, wire.Result)}
+    assert results == {
+        "term": ("cancelled", "harness stopped by SIGTERM from outside the gateway"),
+        "shell": ("cancelled", "harness stopped by SIGTERM from outside the gateway"),
+        "hup": ("cancelled", "harness stopped by SIGHUP from outside the gateway"),
+        "killed": ("error", "harness exited with code -9"),
+        "crash": ("error", "harness exited with code 3"),
+    }, results
+    written = {t.task_id: t.status for t in iter_trajectories(tmp_path / "shards")}
+    assert written == {"term": "cancelled", "shell": "cancelled", "hup": "cancelled", "killed": "error",
+                       "crash": "error"}
