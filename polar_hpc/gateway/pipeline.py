@@ -19,7 +19,10 @@ is still running after `within_s` (unwritten).
 A harness that dies of a stop signal (STOP_SIGNALS: the gateway sends none, it kills with SIGKILL)
 was stopped from outside: a Slurm stop signals every process of the step, and its gateway may see
 the harness dead before it sees its own SIGTERM. Its session ends `cancelled` (written so; the
-orchestrator runs it again), never `error`.
+orchestrator runs it again), never `error`; so does any session that would end `error` once the
+stop has begun (a sandbox start, an evaluation or a harness the stop's signal reached), its error
+kept with "(while the gateway stopped)": one more run of an honest error costs less than a sample
+lost to a stop.
 A command evaluator that asks for a `fresh` sandbox gets one started as the harness starts, so it
 is ready (from the pool's point of view, pre-warmed) when POSTRUN evaluates.
 
@@ -376,6 +379,9 @@ class Pipeline:
             metadata["workspace_diff_after_tests"] = True
         if outcome.evaluation_timings:
             metadata["evaluation_timings"] = outcome.evaluation_timings
+        if outcome.status == "error" and self._draining:  # perhaps the stop's doing: it runs again
+            outcome.status = "cancelled"
+            outcome.error = metadata["error"] = f"{outcome.error} (while the gateway stopped)"
         clean = [await sandbox.cancel(), await _stop_fresh(outcome.fresh)]
         if not all(clean):
             metadata["untrainable"] = "sandbox teardown could not verify that no process survived"

@@ -2,8 +2,10 @@
 journals it `interrupted` and runs it again), never `error`: a Slurm stop (scancel of a grow job,
 preemption, requeue) signals every process of the step, and the harness may die and be seen dead
 before its gateway notices its own SIGTERM. Held in flight: each harness writes its pid and sleeps
-until the test signals it, with no stop of the gateway at all. Real pipeline, `none` sandboxes, real
-harness processes, a real shard writer; the proxy link is the one part played here."""
+until the test signals it, with no stop of the gateway at all. A session that ends `error` once the
+drain has begun is `cancelled` too (held in POSTRUN by its proxy's close until the drain begins).
+Real pipeline, `none` sandboxes, real harness processes, a real shard writer; the proxy link is the
+one part played here."""
 
 from __future__ import annotations
 
@@ -66,3 +68,42 @@ def test_a_harness_killed_by_a_stop_signal_is_cancelled_not_an_error(tmp_path: P
     written = {t.task_id: t.status for t in iter_trajectories(tmp_path / "shards")}
     assert written == {"term": "cancelled", "shell": "cancelled", "hup": "cancelled", "killed": "error",
                        "crash": "error"}
+
+
+class _HeldLink(_Link):
+    """A proxy whose closes all wait until `release` is set: the sessions stay in POSTRUN."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.release = asyncio.Event()
+
+    async def close(self, session_id: str) -> list[wire.CallRecord]:
+        await self.release.wait()
+        return []
+
+
+@pytest.mark.timeout(120)
+def test_an_error_that_ends_once_the_drain_began_is_cancelled(tmp_path: Path) -> None:
+    make_sandbox, _ = backend(SandboxConfig(backend="none"), tmp_path)
+    sent: list[wire.Message] = []
+
+    async def main() -> None:
+        writer = ShardWriter(tmp_path / "shards", "gw", 1 << 30, 3600)
+        link = _HeldLink()
+        pipeline = Pipeline(PoolConfig(), make_sandbox, tmp_path / "work", link, writer, sent.append)
+        for name, command in {"fails": "exit 1", "works": "true"}.items():
+            task = Task.model_validate({"id": name, "instruction": "x", "timeout_s": 600, "harness": {"command": command}})
+            pipeline.assign(wire.SessionSpec(session_id=f"{name}#0.0", task=task.model_dump(mode="json"),
+                                             sample_index=0, attempt=0, deadline=time.time() + 600))
+        while sum(isinstance(m, wire.SessionUpdate) and m.state == "POSTRUN" for m in sent) < 2:
+            await asyncio.sleep(0.05)  # both harnesses ended; their closes held
+        drain = asyncio.create_task(pipeline.drain(within_s=60.0))
+        await asyncio.sleep(0)  # the drain has begun
+        link.release.set()
+        await drain
+        writer.close()
+
+    asyncio.run(main())
+    results = {m.session_id.split("#")[0]: (m.status, m.error) for m in sent if isinstance(m, wire.Result)}
+    assert results == {"fails": ("cancelled", "harness exited with code 1 (while the gateway stopped)"),
+                       "works": ("completed", None)}, results

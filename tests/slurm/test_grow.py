@@ -1,7 +1,8 @@
 """`polar-hpc grow` on a real Slurm: a grow job's gateway joins a running run, takes sessions, is
 stopped by Slurm mid-run (`polar-hpc shrink`: scancel, as a preemption stops it), and the run still
 ends COMPLETED with every (task, sample) exactly once; a grow job follows the run's job through a
-requeue into its next life and ends with the run."""
+requeue into its next life and ends with the run; a grow job shrunk while still PENDING is cancelled
+and never starts, the run untouched."""
 
 from __future__ import annotations
 
@@ -109,3 +110,31 @@ def test_a_grow_job_follows_the_run_into_its_next_life_and_ends_with_it(slurm, t
     assert ends == [(grow, "finished", 0)], ends  # it ended with the run, not at its time limit
     gateways = {e["gateway"] for e in journal(run_dir) if e["event"] == "gateway_up"}
     assert any(g.startswith(f"gw-g{grow}-") for g in gateways), gateways
+
+
+def test_shrink_of_a_pending_grow_job_cancels_it_and_leaves_the_run_alone(slurm, tmp_path: Path,
+                                                                          calculator_dir: Path) -> None:
+    job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 4))
+    out = _polar(slurm, "grow", run_dir, "--sbatch=--hold")  # held: PENDING until released, which it never is
+    assert out.returncode == 0, out.stderr
+    grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
+    assert _squeue_state(slurm, grow) == "PENDING"
+    shrink = _polar(slurm, "shrink", run_dir, grow)
+    assert shrink.returncode == 0 and f"scancel sent to grow job {grow}" in shrink.stdout, shrink
+    wait_for("the grow job to leave the queue", lambda: job_gone(slurm, grow), 60)
+    cancelled = wait_for("sacct to record it", lambda: next((x for x in subprocess.run(
+        ["sacct", "-n", "-P", "-X", "-j", grow, "-o", "JobID,State"], env=slurm, capture_output=True,
+        text=True).stdout.splitlines() if x.startswith(f"{grow}|")), None), 30)
+    assert cancelled.startswith(f"{grow}|CANCELLED"), cancelled
+    again = _polar(slurm, "shrink", run_dir)
+    assert again.returncode == 0 and "no grow job of this run is queued or running" in again.stdout, again
+    wait_for("the run's job to end", lambda: job_gone(slurm, job_id), 240)
+    _check_exactly_once(run_dir, 4)
+    assert [e["event"] for e in _grow_events(run_dir)] == ["submitted"]  # it never started
+    assert not any(e["gateway"].startswith(f"gw-g{grow}-") for e in journal(run_dir) if e["event"] == "gateway_up")
+    assert _sacct_state(slurm, job_id).startswith(f"{job_id}+0|COMPLETED|0:0")  # the run's job untouched
+
+
+def _squeue_state(env: dict, job_id: str) -> str:
+    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=env, capture_output=True, text=True)
+    return out.stdout.strip()
