@@ -92,7 +92,9 @@ def test_grow_of_a_run_whose_job_has_ended_is_refused(slurm, tmp_path: Path, cal
 @pytest.mark.timeout(420)  # two lives of the run's job beside a grow job
 def test_a_grow_job_follows_the_run_into_its_next_life_and_ends_with_it(slurm, tmp_path: Path,
                                                                         calculator_dir: Path) -> None:
-    job_id, run_dir = _submit(slurm, tmp_path, _calculator(tmp_path, calculator_dir, 16), token_delay_ms=15)
+    tasks = _calculator(tmp_path, calculator_dir, 16)
+    tasks.write_text(tasks.read_text().replace("timeout_s: 60", "timeout_s: 300"))  # 25 s idle; over 60 s seen loaded
+    job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=15)
     out = _polar(slurm, "grow", run_dir)
     assert out.returncode == 0, out.stderr
     grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
