@@ -40,7 +40,9 @@ def test_a_harness_killed_by_a_stop_signal_is_cancelled_not_an_error(tmp_path: P
 
     async def main() -> None:
         writer = ShardWriter(tmp_path / "shards", "gw", 1 << 30, 3600)
-        pipeline = Pipeline(PoolConfig(), make_sandbox, tmp_path / "work", _Link(""), writer, sent.append)
+        link = _Link()
+        link.release.set()  # closes answered at once
+        pipeline = Pipeline(PoolConfig(), make_sandbox, tmp_path / "work", link, writer, sent.append)
         for name, command in commands.items():
             task = Task.model_validate({"id": name, "instruction": "x", "timeout_s": 600, "harness": {"command": command}})
             pipeline.assign(wire.SessionSpec(session_id=f"{name}#0.0", task=task.model_dump(mode="json"),
@@ -70,18 +72,6 @@ def test_a_harness_killed_by_a_stop_signal_is_cancelled_not_an_error(tmp_path: P
                        "crash": "error"}
 
 
-class _HeldLink(_Link):
-    """A proxy whose closes all wait until `release` is set: the sessions stay in POSTRUN."""
-
-    def __init__(self) -> None:
-        super().__init__("")
-        self.release = asyncio.Event()
-
-    async def close(self, session_id: str) -> list[wire.CallRecord]:
-        await self.release.wait()
-        return []
-
-
 @pytest.mark.timeout(120)
 def test_an_error_that_ends_once_the_drain_began_is_cancelled(tmp_path: Path) -> None:
     make_sandbox, _ = backend(SandboxConfig(backend="none"), tmp_path)
@@ -89,7 +79,7 @@ def test_an_error_that_ends_once_the_drain_began_is_cancelled(tmp_path: Path) ->
 
     async def main() -> None:
         writer = ShardWriter(tmp_path / "shards", "gw", 1 << 30, 3600)
-        link = _HeldLink()
+        link = _Link()  # closes held until released: the sessions stay in POSTRUN
         pipeline = Pipeline(PoolConfig(), make_sandbox, tmp_path / "work", link, writer, sent.append)
         for name, command in {"fails": "exit 1", "works": "true"}.items():
             task = Task.model_validate({"id": name, "instruction": "x", "timeout_s": 600, "harness": {"command": command}})
