@@ -17,9 +17,11 @@ is left to write its trajectory and result as it is. A stop (`drain(within_s)`) 
 sessions whose harness still runs (written `cancelled`), lets the others finish, and cuts whatever
 is still running after `within_s` (unwritten).
 A harness that dies of a stop signal (STOP_SIGNALS: the gateway sends none, it kills with SIGKILL)
-was stopped from outside: a Slurm stop signals every process of the step, and its gateway may see
-the harness dead before it sees its own SIGTERM. Its session ends `cancelled` (written so; the
-orchestrator runs it again), never `error`; so does any session that would end `error` once the
+may have been stopped from outside: a Slurm stop signals every process of the step, and its gateway
+may see the harness dead before it sees its own SIGTERM. If the gateway's own stop begins within
+`stop_grace_s` of that death, the session ends `cancelled` (written so; the orchestrator runs it
+again), never `error`; otherwise it is the harness's own `error` (a harness that signals itself or
+exits 143 cannot have itself run again forever). So does any session that would end `error` once the
 stop has begun (a sandbox start, an evaluation or a harness the stop's signal reached), its error
 kept with "(while the gateway stopped)": one more run of an honest error costs less than a sample
 lost to a stop.
@@ -77,6 +79,7 @@ STDERR_TAIL = 4000
 EVALUATION_SLACK_S = 5.0  # an evaluation may end this long (+ a command's timeout_s) after the harness
 ON_DIFF = (TestsEvaluator, SwebenchEvaluator)  # judged on the harness's workspace diff (a snapshot at start)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)  # a job's stop
+STOP_GRACE_S = 10.0  # how long after a harness died of a stop signal the gateway's own stop may begin
 MOUNTS = {"/tests": "tests", "/solution": "solution", "/logs/agent": "logs/agent", "/logs/verifier": "logs/verifier"}
 log = logging.getLogger("polar_hpc.gateway")
 
@@ -137,6 +140,8 @@ class Pipeline:
         self.sessions: dict[str, asyncio.Task] = {}
         self._finishing: set[str] = set()  # harness ended (POSTRUN, or waiting for it): a cancel or stop lets them end
         self._draining = False
+        self._stop_began = asyncio.Event()  # set by drain(): a harness dead of a stop signal was the stop's
+        self.stop_grace_s = STOP_GRACE_S
 
     def assign(self, spec: wire.SessionSpec) -> None:
         if self._draining:  # sent for a credit given before the stop: requeued with this gateway's others
@@ -163,6 +168,7 @@ class Pipeline:
         what is still running then is cancelled unwritten. From now on no credit is given back and
         no session is taken."""
         self._draining = True
+        self._stop_began.set()
         for sid, t in list(self.sessions.items()):
             if sid not in self._finishing:
                 t.cancel()
@@ -231,6 +237,7 @@ class Pipeline:
             else:
                 result = await sandbox.exec(command, env, spec.deadline - time.time(), **at)
             outcome.marks["WAIT"] = time.time()  # harness ended; POSTRUN slot not yet taken
+            self._finishing.add(sid)  # a cancel or stop lets it end: judged, evaluated and written
         except TimeoutError:
             outcome.status = "timeout"
             return
@@ -245,8 +252,12 @@ class Pipeline:
             outcome.status = "timeout"
         elif result.limit:
             outcome.status, outcome.error = "error", f"harness killed: {result.limit}"
-        elif stop := _stopped_by(result.returncode):
+        elif (stop := _stopped_by(result.returncode)) and await self._stop_follows():
             outcome.status, outcome.error = "cancelled", f"harness stopped by {stop} from outside the gateway"
+        elif stop:
+            outcome.status = "error"
+            outcome.error = (f"harness exited with code {result.returncode} ({stop}; no stop of the gateway "
+                             f"followed within {self.stop_grace_s:g}s)")
         elif result.returncode != 0:
             outcome.status = "error"
             outcome.error = f"harness exited with code {result.returncode}"
@@ -413,6 +424,14 @@ class Pipeline:
             )
         )
         await sandbox.stop()  # its files and cgroup, after the result: off the session's path
+
+    async def _stop_follows(self) -> bool:
+        """Whether the gateway's own stop begins within `stop_grace_s` (a harness died of a stop signal)."""
+        try:
+            await asyncio.wait_for(self._stop_began.wait(), self.stop_grace_s)
+        except TimeoutError:
+            return False
+        return True
 
     def _update(self, session_id: str, state: str, outcome: _Outcome) -> None:
         t = outcome.marks[state] = time.time()

@@ -1,9 +1,11 @@
 """A harness stopped from outside by a stop signal ends its session `cancelled` (the orchestrator
-journals it `interrupted` and runs it again), never `error`: a Slurm stop (scancel of a grow job,
-preemption, requeue) signals every process of the step, and the harness may die and be seen dead
-before its gateway notices its own SIGTERM. Held in flight: each harness writes its pid and sleeps
-until the test signals it, with no stop of the gateway at all. A session that ends `error` once the
-drain has begun is `cancelled` too (held in POSTRUN by its proxy's close until the drain begins).
+journals it `interrupted` and runs it again), never `error`, when its gateway's own stop follows: a
+Slurm stop (scancel of a grow job, preemption, requeue) signals every process of the step, and the
+harness may die and be seen dead before its gateway notices its own SIGTERM. With no stop of the
+gateway within the grace, it is the harness's own error: a harness that signals itself or exits 143
+cannot have itself run again forever. Held in flight: each harness writes its pid and sleeps until
+the test signals it. A session that ends `error` once the drain has begun is `cancelled` too (held
+in POSTRUN by its proxy's close until the drain begins).
 Real pipeline, `none` sandboxes, real harness processes, a real shard writer; the proxy link is the
 one part played here."""
 
@@ -27,7 +29,9 @@ from tests.gateway.test_drain import _Link
 
 
 @pytest.mark.timeout(120)
-def test_a_harness_killed_by_a_stop_signal_is_cancelled_not_an_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("gateway_stops", [True, False])
+def test_a_harness_killed_by_a_stop_signal_is_cancelled_if_its_gateway_stops(tmp_path: Path,
+                                                                              gateway_stops: bool) -> None:
     make_sandbox, _ = backend(SandboxConfig(backend="none"), tmp_path)
     commands = {  # task -> harness; each writes its pid, then waits for the test's signal
         "term": f"echo $$ > {tmp_path}/term.pid && exec sleep 600",  # dies of SIGTERM: -15
@@ -43,6 +47,8 @@ def test_a_harness_killed_by_a_stop_signal_is_cancelled_not_an_error(tmp_path: P
         link = _Link()
         link.release.set()  # closes answered at once
         pipeline = Pipeline(PoolConfig(), make_sandbox, tmp_path / "work", link, writer, sent.append)
+        if not gateway_stops:
+            pipeline.stop_grace_s = 0.2  # no stop comes: the grace only delays the error
         for name, command in commands.items():
             task = Task.model_validate({"id": name, "instruction": "x", "timeout_s": 600, "harness": {"command": command}})
             pipeline.assign(wire.SessionSpec(session_id=f"{name}#0.0", task=task.model_dump(mode="json"),
@@ -54,22 +60,28 @@ def test_a_harness_killed_by_a_stop_signal_is_cancelled_not_an_error(tmp_path: P
         os.kill(int(pids["shell"].read_text()), signal.SIGTERM)
         os.kill(int(pids["hup"].read_text()), signal.SIGHUP)
         os.kill(int(pids["killed"].read_text()), signal.SIGKILL)
+        if gateway_stops:  # once the pipeline has seen every harness end, the gateway's stop begins
+            while not all(f"{name}#0.0" in pipeline._finishing or f"{name}#0.0" not in pipeline.sessions
+                          for name in commands):
+                await asyncio.sleep(0.05)
+            await pipeline.drain(60)
         while pipeline.sessions:
             await asyncio.sleep(0.05)
         writer.close()
 
     asyncio.run(main())
     results = {m.session_id.split("#")[0]: (m.status, m.error) for m in sent if isinstance(m, wire.Result)}
-    assert results == {
-        "term": ("cancelled", "harness stopped by SIGTERM from outside the gateway"),
-        "shell": ("cancelled", "harness stopped by SIGTERM from outside the gateway"),
-        "hup": ("cancelled", "harness stopped by SIGHUP from outside the gateway"),
-        "killed": ("error", "harness exited with code -9"),
-        "crash": ("error", "harness exited with code 3"),
-    }, results
+    if gateway_stops:  # the stop's signals: cancelled (run again)
+        stopped = {name: ("cancelled", f"harness stopped by {sig} from outside the gateway")
+                   for name, sig in (("term", "SIGTERM"), ("shell", "SIGTERM"), ("hup", "SIGHUP"))}
+    else:  # signals with no stop: the harness's own error
+        stopped = {name: ("error", f"harness exited with code {code} ({sig}; no stop of the gateway followed "
+                                   "within 0.2s)")
+                   for name, code, sig in (("term", -15, "SIGTERM"), ("shell", 143, "SIGTERM"), ("hup", -1, "SIGHUP"))}
+    assert results == {**stopped, "killed": ("error", "harness exited with code -9"),
+                       "crash": ("error", "harness exited with code 3")}, results
     written = {t.task_id: t.status for t in iter_trajectories(tmp_path / "shards")}
-    assert written == {"term": "cancelled", "shell": "cancelled", "hup": "cancelled", "killed": "error",
-                       "crash": "error"}
+    assert written == {name: status for name, (status, _) in results.items()}
 
 
 @pytest.mark.timeout(120)
