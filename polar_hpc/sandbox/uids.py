@@ -18,11 +18,13 @@ import random
 import stat
 from pathlib import Path
 
+from polar_hpc.errors import PolarError
+
 LOCK_DIR = Path("/run/polar-hpc/uids")
 NOBODY = 65534  # the shared overflow uid: never in a range
 
 
-class UidsExhausted(RuntimeError):
+class UidsExhausted(PolarError):
     """Every uid of the range is held by a live sandbox (or runs a process)."""
 
 

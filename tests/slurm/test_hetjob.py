@@ -222,7 +222,7 @@ def test_killed_driver_is_told_and_resumed(slurm, tmp_path: Path, calculator_dir
     assert len(drivers) == 1, drivers
     os.kill(drivers[0], signal.SIGKILL)
     wait_for("the job to end", lambda: job_gone(slurm, job_id), 60)
-    assert "|FAILED|" in _sacct_state(slurm, job_id)
+    wait_for("sacct to record it FAILED", lambda: "|FAILED|" in _sacct_state(slurm, job_id), 60)  # after squeue
     status = _polar(slurm, "status", job_id).stdout
     assert "ended without saying why: it was killed" in status, status
     assert "never ended" in status and f"resume: polar-hpc resume {job_id}" in status, status
