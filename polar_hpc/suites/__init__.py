@@ -55,7 +55,7 @@ class SuiteRef(BaseModel):
     verifier_sandbox: Literal["session", "fresh"] | None = None
     metadata: dict[str, Any] = {}
     image: str | None = None  # SWE-bench datasets: a template for each instance's image
-    dockerfile: Literal["build", "host"] = "build"  # Harbor tasks with only a Dockerfile
+    dockerfile: harbor.Dockerfiles = "build"  # Harbor tasks with only a Dockerfile
 
     @pydantic.field_validator("image")
     @classmethod
@@ -91,7 +91,7 @@ def _reference(path: Path, warnings: list[str]) -> list[Task]:
     ref = validate_data(SuiteRef, data, path, line_of)
     target = path.parent / ref.suite
     if target.is_dir() and ref.image is None:
-        tasks = harbor.load(target, ref.harness, warnings, ref.verifier_sandbox or "session")
+        tasks = harbor.load(target, ref.harness, warnings, ref.verifier_sandbox or "session", ref.dockerfile)
     elif target.is_dir():
         raise ConfigError(f"{path}:{line_of(('image',))}: image: only for a SWE-bench dataset (a Harbor task names "
                           "its own)")
@@ -109,8 +109,6 @@ def _apply(task: Task, ref: SuiteRef) -> Task:
                               "metadata": task.metadata | ref.metadata}
     if ref.network:
         update["sandbox"] = task.sandbox.model_copy(update={"network": ref.network})
-    if ref.dockerfile == "host" and "build" in task.metadata:  # not built: the host's tree (asked for)
-        update["metadata"] = {k: v for k, v in update["metadata"].items() if k != "build"}
     if ref.verifier_sandbox and isinstance(task.evaluator, TestsEvaluator):
         update["evaluator"] = task.evaluator.model_copy(update={"sandbox": ref.verifier_sandbox})
     return task.model_copy(update=update)

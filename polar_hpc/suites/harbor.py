@@ -4,8 +4,8 @@
 is a task). A task folder holds:
 - `instruction.md`: the instruction (UTF-8, at most MAX_INSTRUCTION_BYTES);
 - `task.toml`, Harbor's schema: `[agent] timeout_sec` (the session's timeout_s) and `user` (the
-  harness's user in the image: `sandbox.user`), `[verifier] timeout_sec`, `env` and `user` (the
-  tests'), `[solution] env` (the oracle's),
+  harness's user in the image, pulled or built: `sandbox.user`; with `dockerfile: host`, none, a
+  warning), `[verifier] timeout_sec`, `env` and `user` (the tests'), `[solution] env` (the oracle's),
   `[environment] docker_image` (a registry reference: the sandbox image `docker://CANONICAL`, its
   file and line kept as metadata.image_source for `image pull`), `cpus`, `memory_mb`, `storage_mb`
   (or the legacy `memory`/`storage` strings, converted as Harbor converts them: "2G" is 2048 MB),
@@ -15,13 +15,14 @@ is a task). A task folder holds:
   (`sandbox.cwd: image`), as in Harbor's container. A user that is not a name or uid, or a
   `[verifier] user` other than `[agent] user` where the tests run in the harness's own sandbox
   (`verifier_sandbox` session: one user is mapped there), is an error. Every other key, and a value
-  not honoured here (public or allowlisted network, GPUs, a user where the task has no image...),
+  not honoured here (public or allowlisted network, GPUs...),
   is named in `warnings` (FILE:LINE: FIELD: why) and ignored;
   `${VAR}` / `${VAR:-default}` in env values are the host's variables, as in Harbor. A multi-step
   task (`[[steps]]`) is refused: in a folder of tasks it is left out with a warning, the others load;
 - `environment/`: a Dockerfile or `docker_image` (at least one); `environment/workspace/`, if
   there, is what the workspace starts with (a task with only a Dockerfile keeps it as
-  metadata.dockerfile and its build context's key as metadata.build: suites.dockerfile builds it);
+  metadata.dockerfile and, unless `dockerfile` is `host`, its build context's key as
+  metadata.build: suites.dockerfile builds it);
 - `tests/test.sh`: the hidden tests (a TestsEvaluator whose `dir` is tests/);
 - `solution/solve.sh` (optional): what `harness: oracle` runs.
 The task id is the folder's name. Every problem of every task is reported, as
@@ -163,16 +164,16 @@ def is_task(path: Path) -> bool:
 
 
 def load(path: Path, harness: HarnessSpec, warnings: list[str] | None = None,
-         verifier_sandbox: Literal["session", "fresh"] = "session") -> list[Task]:
-    """The tasks of `path`, verified in `verifier_sandbox`; what is ignored or left out is appended
-    to `warnings`."""
+         verifier_sandbox: Literal["session", "fresh"] = "session", dockerfile: Dockerfiles = "build") -> list[Task]:
+    """The tasks of `path`, verified in `verifier_sandbox`, those with only a Dockerfile built or
+    run on the host's tree (`dockerfile`); what is ignored or left out is appended to `warnings`."""
     single = is_task(path)
     folders = [path] if single else _subfolders(path)
     tasks, problems = [], [f"{p}: a symbolic link (not followed): not a task folder" for p in folders if p.is_symlink()]
     told: list[str] = []
     for folder in (f for f in folders if not f.is_symlink()):
         try:
-            task = load_task(folder, harness, told, verifier_sandbox)
+            task = load_task(folder, harness, told, verifier_sandbox, dockerfile)
         except ConfigError as e:
             problems.append(str(e))
             continue
@@ -200,7 +201,7 @@ def _subfolders(path: Path) -> list[Path]:
 
 
 def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = None,
-              verifier_sandbox: Literal["session", "fresh"] = "session") -> Task | None:
+              verifier_sandbox: Literal["session", "fresh"] = "session", built: Dockerfiles = "build") -> Task | None:
     """The task of `folder` (ConfigError naming every problem), or None for a multi-step task."""
     problems: list[str] = []
 
@@ -248,7 +249,12 @@ def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = N
                             "environment.docker_image")
     if harness.kind == "oracle" and solution is None and not problems:
         problems.append(f"{folder}/solution/solve.sh: missing, and `harness: oracle` runs it")
-    users = (toml.agent.user, toml.verifier.user) if toml is not None and image else (None, None)
+    users = (toml.agent.user, toml.verifier.user) if toml is not None and (image or dockerfile) else (None, None)
+    if dockerfile and built == "host" and warnings is not None:  # the host's tree has no users of an image
+        warnings += [f"{folder / 'task.toml'}:{_toml_line(toml_text, (section, 'user'))}: {section}.user: not honoured "
+                     "with `dockerfile: host` (no image, so none of its users): run as the sandbox's own user"
+                     for section, user in zip(("agent", "verifier"), users) if user]
+    users = (None, None) if dockerfile and built == "host" else users
     if verifier_sandbox == "session" and users[0] != users[1]:
         problems.append(f"{folder / 'task.toml'}:{_toml_line(toml_text, ('verifier', 'user'))}: verifier.user: "
                         f"{users[1] or 'the image User'} differs from agent.user ({users[0] or 'the image User'}): "
@@ -272,7 +278,8 @@ def load_task(folder: Path, harness: HarnessSpec, warnings: list[str] | None = N
             metadata={"suite": "harbor", "task_dir": str(folder.absolute())} | (
                 {"harbor": toml.metadata} if toml.metadata else {}) | ({"image_source": image_source} if image else {})
             | ({"harbor_task": toml.task} if toml.task else {}) | ({"source": toml.source} if toml.source else {})
-            | ({"dockerfile": dockerfile, "build": builder.spec(folder / "environment", offline)} if dockerfile else {}),
+            | ({"dockerfile": dockerfile} if dockerfile else {})
+            | ({"build": builder.spec(folder / "environment", offline)} if dockerfile and built == "build" else {}),
         )
     except pydantic.ValidationError as e:  # an env name or value no process can carry
         raise ConfigError("\n".join(f"{folder / 'task.toml'}: {'.'.join(map(str, err['loc']))}: {err['msg']}"
@@ -350,6 +357,7 @@ def _workspace(folder: Path, source) -> dict[str, str]:
             if (s := source(f"environment/workspace/{p.name}", "environment/workspace")) is not None}
 
 
+Dockerfiles = Literal["build", "host"]  # tasks with only a Dockerfile: built by `image pull`, or on the host's tree
 MULTI_STEP = "steps: a multi-step task ([[steps]]: an instruction and tests per step) is not run here: refused"
 
 
@@ -387,11 +395,6 @@ def _unhonoured(path: Path, text: str) -> list[str]:
         key = "network_mode" if "network_mode" in box else "allow_internet"
         warn(("environment", key), "not granted: the sandbox's network is proxy-only (the harness reaches only its "
                                    "model); a suite file's `network: host` grants the host's network")
-    for section in ("agent", "verifier"):
-        table = data.get(section)
-        if isinstance(table, dict) and "user" in table and not box.get("docker_image"):
-            warn((section, "user"), "not honoured: the task has no docker_image (Dockerfile only), so its commands "
-                                    "run as its built image's User (with `dockerfile: host`, as the sandbox's own user)")
     if box.get("os") not in (None, "linux"):
         warn(("environment", "os"), f"{box['os']!r}: only Linux tasks run here")
     return found

@@ -49,7 +49,7 @@ def test_tasks_check_names_what_is_ignored_and_loads_the_rest(tmp_path: Path) ->
     assert f"warning: {HERE}/text-reward/task.toml:5: agent.user: not honoured" in result.stdout
     assert f"warning: {HERE}/multi-key/task.toml:16: environment.build_timeout_sec: not used" in result.stdout
     assert "5 task(s), 5 session(s)" in out and "1 cpu, 2048 MB mem, 10240 MB disk" in out  # "2G", "10G"
-    tasks = {t.id: t for t in suites.load(HERE)}
+    tasks = {t.id: t for t in suites.load(tmp_path / "host.yaml")}
     text = tasks["text-reward"]
     assert text.evaluator.env == {"GREETING": "hi there", "EXPECTED": "42"}  # [environment.env] + [verifier.env]
     assert text.solution.env == {"GREETING": "hi there", "ANSWER": "42"} and text.harness.env == {"GREETING": "hi there"}
