@@ -16,12 +16,18 @@ by `polar-hpc image pull SUITE` with buildah, which needs no daemon, into the im
   to buildah as CONTAINERS_REGISTRIES_CONF; a base on loopback is spoken to over plain HTTP); then
   `buildah push` to an OCI layout, published by images.install exactly as a pulled image. A build
   that fails is a ConfigError naming the step buildah names. The buildah storage is dropped after.
+- `rootless_ready()`: a build by a user other than root runs as buildah defines rootless use (its
+  storage and RUN steps in a user namespace where that user is root and its subordinate ids from
+  /etc/subuid and /etc/subgid are the rest, mapped by newuidmap/newgidmap); checked before the
+  build, so that a missing tool or range is a ConfigError naming it and the fix, not buildah's
+  fall-back to one mapped id failing half-way.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import pwd
 import re
 import shutil
 import subprocess
@@ -36,6 +42,7 @@ from polar_hpc.suites import images
 MAX_CONTEXT_ENTRIES = 100_000
 MAX_CONTEXT_BYTES = 1 << 30
 MAX_DOCKERFILE_BYTES = 1 << 20
+MAX_ID_TABLE_BYTES = 64 << 20  # /etc/subuid, /etc/subgid: a line per user of a site
 BUILD_TIMEOUT_S = 3600
 ON_HOST = "Dockerfile only: not built, runs on the host's tree + environment/workspace (suite file: dockerfile: host)"
 _FROM = re.compile(r"(?P<head>\s*FROM\s+(?:--\S+\s+)*)(?P<ref>\S+)(?P<tail>(?:\s+AS\s+(?P<stage>\S+))?\s*)", re.I)
@@ -75,6 +82,7 @@ def build(task: Task, key: str, cache: Path, tasks: int = 1) -> images.Pulled:
     if images.cached_entry(cache, key) is None:
         if shutil.which("buildah") is None:
             raise ConfigError("not built: buildah is not on PATH (e.g. apt-get install buildah; docs/tasks.md)")
+        rootless_ready()
         name = "build-" + key.removeprefix("build:sha256:")[:32]
         with images.locked(cache, name):  # another build of this context: wait for it, then reuse
             status = f"reused (waited {time.monotonic() - t0:.0f}s)" if images.cached_entry(cache, key) else "built"
@@ -94,6 +102,43 @@ def build(task: Task, key: str, cache: Path, tasks: int = 1) -> images.Pulled:
     found = images.cached_entry(cache, key)
     assert found is not None, "just built or found"
     return images.Pulled(str(dockerfile), found[0], found[1], status, time.monotonic() - t0, tasks)
+
+
+def rootless_ready(subuid: Path = Path("/etc/subuid"), subgid: Path = Path("/etc/subgid")) -> None:
+    """Where this process is not root, what buildah's rootless mode needs before anything is built
+    (buildah-unshare(1): the user's subordinate ids mapped by newuidmap/newgidmap), else a
+    ConfigError naming what is missing; without them buildah falls back to mapping one id, and a
+    base whose files belong to other ids fails half-way."""
+    uid = os.geteuid()
+    if uid == 0:
+        return
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = str(uid)
+    who = f"a rootless build (as {name}, uid {uid})"
+    if missing := [tool for tool in ("newuidmap", "newgidmap") if shutil.which(tool) is None]:
+        raise ConfigError(f"not built: {who} needs {' and '.join(missing)} on PATH (Debian: apt-get install uidmap; "
+                          "docs/tasks.md, Who builds)")
+    if lacking := [str(f) for f in (subuid, subgid) if not _has_range(f, name, uid)]:
+        raise ConfigError(f"not built: {who} needs a range of subordinate ids for {name} in {' and '.join(lacking)} "
+                          f"(as root: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {name}; "
+                          "docs/tasks.md, Who builds)")
+
+
+def _has_range(table: Path, name: str, uid: int) -> bool:
+    """Whether `table` (/etc/subuid's form: `OWNER:START:COUNT`, OWNER a name or a uid) gives the
+    user at least one id."""
+    try:
+        text = read_text(table, MAX_ID_TABLE_BYTES)
+    except ConfigError:
+        return False
+    for line in text.splitlines():
+        owner, _, rest = line.strip().partition(":")
+        start, _, count = rest.partition(":")
+        if owner in (name, str(uid)) and start.isdigit() and count.isdigit() and int(count) > 0:
+            return True
+    return False
 
 
 def _buildah(partial: Path, dockerfile: Path, network: str) -> None:

@@ -1,5 +1,5 @@
 """A small root filesystem made from this machine's own files, for an image built without Docker:
-/bin/sh, bash, coreutils, git and python3 (its stdlib without tests and GUI parts), each with the
+/bin/sh, bash, coreutils, git, useradd and python3 (its stdlib without tests and GUI parts), each with the
 shared libraries `ldd` names, in a merged-/usr layout, plus what the caller adds."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 PROGRAMS = ("sh", "dash", "bash", "env", "cat", "cp", "mv", "rm", "ls", "mkdir", "grep", "sed", "true", "false",
-            "test", "echo", "sleep", "head", "tail", "wc", "id", "touch", "chmod", "git", "python3")
+            "test", "echo", "sleep", "head", "tail", "wc", "id", "touch", "chmod", "git", "python3", "useradd")
 HOST_PATH = "/usr/bin:/bin"  # the system's programs (and python3), never a virtualenv's
 PYTHON_SKIPPED = {"test", "idlelib", "tkinter", "turtledemo", "lib2to3", "ensurepip", "pydoc_data", "distutils",
                   "site-packages", "dist-packages", "__pycache__", "unittest", "config-3.11-x86_64-linux-gnu"}
@@ -23,7 +23,7 @@ def build(root: Path, extra: dict[str, str]) -> Path:
     for name in ("bin", "sbin", "lib", "lib64"):
         (root / "usr" / name).mkdir(parents=True, exist_ok=True)
         (root / name).symlink_to(f"usr/{name}")
-    programs = {p: os.path.realpath(shutil.which(p, path=HOST_PATH) or f"/usr/bin/{p}") for p in PROGRAMS}
+    programs = {p: os.path.realpath(shutil.which(p, path=f"{HOST_PATH}:/usr/sbin") or f"/usr/bin/{p}") for p in PROGRAMS}
     for p, exe in programs.items():
         shutil.copy2(exe, root / "usr/bin" / p)
     binaries = set(programs.values())

@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from conftest import polar
+from e2e.helpers import trajectories
 from images.conftest import Registry, mirror_conf, needs_tools, push_published, refused_before_the_run, run_rewards
 from sandbox.bwrap_required import needs_bwrap
 
@@ -86,6 +93,58 @@ def test_a_dockerfile_only_task_is_built_once_and_runs_in_its_image(tmp_path: Pa
     assert {t["sandbox"]["image"] for t in tasks} == {str(entry)}, tasks
 
 
+USERS_DOCKERFILE = """FROM debian:trixie
+RUN useradd --create-home --uid 1234 builder && useradd --create-home --uid 1235 tester
+WORKDIR /app
+USER builder
+"""
+
+
+def _user_task(folder: Path, solve: str, user: str | None, expected: str) -> Path:
+    """A Harbor task as published, its user checked from inside: the agent writes `id -un` to
+    /logs/agent, the tests compare it and their own with `expected` and write reward.json."""
+    for sub in ("environment", "solution", "tests"):
+        (folder / sub).mkdir(parents=True)
+    (folder / "instruction.md").write_text("Write your user name to /logs/agent/user.\n")
+    users = f'user = "{user}"\n' if user else ""
+    (folder / "task.toml").write_text(f'version = "1.0"\n\n[agent]\ntimeout_sec = 120.0\n{users}\n[verifier]\n'
+                                      f'timeout_sec = 60.0\n{users}\n[environment]\nallow_internet = false\n')
+    (folder / "environment" / "Dockerfile").write_text(USERS_DOCKERFILE)
+    (folder / "solution" / "solve.sh").write_text(solve)
+    (folder / "tests" / "test.sh").write_text(
+        f'if [ "$(cat /logs/agent/user)" = {expected} ] && [ "$(id -un)" = {expected} ]; then r=1; else r=0; fi\n'
+        'printf \'{"reward": %s, "verifier_uid": %s, "agent_uid": %s}\\n\' "$r" "$(id -u)" '
+        '"$(cat /logs/agent/uid || echo -1)" > /logs/verifier/reward.json\n')
+    return folder
+
+
+def test_a_dockerfile_only_task_runs_as_its_built_images_user_or_the_tasks(tmp_path: Path, registry: Registry) -> None:
+    """USER in the Dockerfile (made by `useradd` in a RUN) is the built image's User: agent and
+    tests run as it; `[agent]`/`[verifier] user` in task.toml win over it, as for a pulled image."""
+    push_published(registry, tmp_path / "image", "debian:trixie", {"etc/passwd": "root:x:0:0:root:/root:/bin/sh\n",
+                                                             "etc/group": "root:x:0:\nusers:x:100:\n"},
+                   ["--config.env", "PATH=/usr/local/bin:/usr/bin:/bin"])
+    cache = tmp_path / "cache"
+    env = os.environ | {"POLAR_REGISTRIES_CONF": str(mirror_conf(tmp_path / "registries.conf", registry)),
+                        "POLAR_IMAGE_CACHE": str(cache)}
+    suite, solve = tmp_path / "suite", "id -un > /logs/agent/user; id -u > /logs/agent/uid\n"
+    for who, user, expected in (("image-user", None, "builder"), ("task-user", "tester", "tester")):
+        _user_task(suite / f"oracle-{who}", solve, user, expected)
+        _user_task(suite / f"noop-{who}", "true\n", user, expected)
+    pull = polar("image", "pull", suite, env=env, timeout=500)
+    assert pull.returncode == 0 and "built" in pull.stdout, pull.stdout + pull.stderr
+    [entry] = cache.glob("sha256-*.rootfs")
+    assert json.loads(entry.with_suffix(".config.json").read_text())["config"]["User"] == "builder"
+
+    rewards, why = run_rewards(tmp_path, suite, env)
+    assert rewards == {"oracle-image-user": ("completed", 1.0), "noop-image-user": ("completed", 0.0),
+                       "oracle-task-user": ("completed", 1.0), "noop-task-user": ("completed", 0.0)}, why
+    uids = {t.task_id: t.metadata["rewards"] for t in trajectories(tmp_path / "run")}
+    assert uids["oracle-image-user"] == {"reward": 1.0, "verifier_uid": 1234.0, "agent_uid": 1234.0}, uids
+    assert uids["oracle-task-user"] == {"reward": 1.0, "verifier_uid": 1235.0, "agent_uid": 1235.0}, uids
+    assert uids["noop-task-user"] == {"reward": 0.0, "verifier_uid": 1235.0, "agent_uid": -1.0}, uids
+
+
 def test_a_dockerfile_only_task_not_built_is_refused_before_the_run(tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     task = _task(suite / "unbuilt", "true\n")
@@ -96,3 +155,80 @@ def test_a_dockerfile_only_task_not_built_is_refused_before_the_run(tmp_path: Pa
     host.write_text(f"suite: {suite}\ndockerfile: host\n")
     check = polar("tasks", "check", host, env=env)
     assert check.returncode == 0 and "runs on the host's tree" in check.stdout, check.stdout + check.stderr
+
+
+ROOTLESS = "polar-build"  # the unprivileged user of the rootless builds, as root (CI) makes it
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def builder() -> Iterator[tuple[list[str], Path]]:
+    """The command that runs `polar-hpc` as an unprivileged user with subordinate ids, and a folder
+    of that user's (removed after): this test's own user where it is not root; as root (CI), the
+    user polar-build, made here by Debian's useradd, which gives a new user a range of 65536 ids
+    in /etc/subuid and /etc/subgid where those files exist. /usr/bin/python3 runs it (this
+    interpreter may sit where that user cannot read, e.g. under /root), on this venv's packages."""
+    folder = Path(tempfile.mkdtemp(prefix="polar-rootless-"))
+    try:
+        if os.geteuid() != 0:
+            yield [sys.executable, "-m", "polar_hpc"], folder
+            return
+        for table in ("/etc/subuid", "/etc/subgid"):
+            Path(table).touch()
+        try:
+            user = pwd.getpwnam(ROOTLESS)
+        except KeyError:
+            subprocess.run(["useradd", "--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
+                            ROOTLESS], check=True, capture_output=True)
+            user = pwd.getpwnam(ROOTLESS)
+        os.chown(folder, user.pw_uid, user.pw_gid)
+        python = "/usr/bin/python3"
+        version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
+                                 text=True).stdout.strip()
+        assert version == str(sys.version_info[:2]), f"{python} is {version}: this venv's packages need {sys.version_info[:2]}"
+        yield ["setpriv", "--reuid", str(user.pw_uid), "--regid", str(user.pw_gid), "--init-groups", "env",
+               f"HOME={folder}", f"PYTHONPATH={REPO}:{sysconfig.get_paths()['purelib']}", python, "-m", "polar_hpc"], folder
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_an_unprivileged_user_builds_rootless(tmp_path: Path, registry: Registry, builder) -> None:
+    """`image pull` as a user other than root builds in buildah's rootless mode (its subordinate
+    ids, the RUN steps without network in a user namespace of its own); the entry runs as any other."""
+    polar_as_user, folder = builder
+    push_published(registry, tmp_path / "image", PUBLISHED, {}, ["--config.env", "PATH=/usr/local/bin:/usr/bin:/bin"])
+    cache, suite = folder / "cache", folder / "suite"
+    conf = mirror_conf(folder / "registries.conf", registry)
+    _task(suite / "oracle", f'{CHECK} || exit 1\necho 42 > "$HOME/answer.txt"\n')
+    _task(suite / "noop", "true\n")
+    env = os.environ | {"POLAR_REGISTRIES_CONF": str(conf), "POLAR_IMAGE_CACHE": str(cache)}
+    pull = subprocess.run([*polar_as_user, "image", "pull", suite], capture_output=True, text=True, env=env, timeout=500)
+    assert pull.returncode == 0 and "built" in pull.stdout, pull.stdout + pull.stderr
+    [entry] = cache.glob("sha256-*.rootfs")
+    assert entry.stat().st_uid == folder.stat().st_uid  # built by that user
+    assert (entry / "app" / "from-run.txt").read_text() == "written by RUN in /app\n"
+    assert not list((cache / "partial").iterdir())  # its storage (files of subordinate ids) removed too
+    rewards, why = run_rewards(tmp_path, suite, env)
+    assert rewards == {"oracle": ("completed", 1.0), "noop": ("completed", 0.0)}, why
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to run as a user without subordinate ids (nobody)")
+def test_a_rootless_build_without_subordinate_ids_says_what_is_missing(tmp_path: Path) -> None:
+    """A user with no range in /etc/subuid and /etc/subgid (nobody) is told so before buildah
+    starts, with the fix: exit 2, no traceback."""
+    folder = Path(tempfile.mkdtemp(prefix="polar-rootless-"))
+    try:
+        os.chown(folder, 65534, 65534)
+        _task(folder / "suite" / "task", "true\n")
+        env = os.environ | {"POLAR_IMAGE_CACHE": str(folder / "cache"), "HOME": str(folder),
+                            "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}"}
+        pull = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3",
+                               "-m", "polar_hpc", "image", "pull", folder / "suite"], capture_output=True, text=True,
+                              env=env, timeout=120)
+    finally:
+        shutil.rmtree(folder)
+    assert pull.returncode == 2 and "Traceback" not in pull.stderr, pull.stderr
+    name = pwd.getpwuid(65534).pw_name
+    assert (f"{folder}/suite/task/environment/Dockerfile: not built: a rootless build (as {name}, uid 65534) needs a "
+            f"range of subordinate ids for {name} in /etc/subuid and /etc/subgid (as root: usermod --add-subuids") in \
+        " ".join(pull.stderr.split()), pull.stderr

@@ -46,7 +46,7 @@ def test_tasks_check_names_what_is_ignored_and_loads_the_rest(tmp_path: Path) ->
     assert result.returncode == 0, result.stderr
     out = " ".join(result.stdout.split())  # the table may wrap
     assert f"warning: {HERE}/multi-step/task.toml:9: steps: a multi-step task ([[steps]]" in result.stdout
-    assert f"warning: {HERE}/text-reward/task.toml:5: agent.user: not honoured" in result.stdout
+    assert f"warning: {HERE}/text-reward/task.toml:5: agent.user: not honoured with `dockerfile: host`" in result.stdout
     assert f"warning: {HERE}/multi-key/task.toml:16: environment.build_timeout_sec: not used" in result.stdout
     assert "5 task(s), 5 session(s)" in out and "1 cpu, 2048 MB mem, 10240 MB disk" in out  # "2G", "10G"
     tasks = {t.id: t for t in suites.load(tmp_path / "host.yaml")}
