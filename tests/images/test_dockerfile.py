@@ -3,7 +3,10 @@ of a context file, RUN, ENV), built by `polar-hpc image pull` with buildah, FROM
 registries.conf mirror on loopback, the RUN step without network (allow_internet = false): the
 oracle scores 1.0 and a no-op 0.0 in the built image (its ENV, WORKDIR and the RUN's file seen by
 the harness and the tests); a second pull says cached. A Dockerfile whose build fails is named
-with its failing step while the other tasks are built; a task not built is refused before the run."""
+with its failing step while the other tasks are built; a task not built is refused before the run.
+The built image's users: its USER (made by `useradd` in a RUN) or task.toml's `[agent]`/`[verifier]
+user`, checked by `id` inside the sandbox. Rootless builds: as an unprivileged user with subordinate
+ids (CI is root: the user polar-build is made here), and refused with what is missing without them."""
 
 from __future__ import annotations
 
