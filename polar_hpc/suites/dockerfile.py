@@ -104,7 +104,7 @@ def build(task: Task, key: str, cache: Path, tasks: int = 1) -> images.Pulled:
     return images.Pulled(str(dockerfile), found[0], found[1], status, time.monotonic() - t0, tasks)
 
 
-def rootless_ready(subuid: Path = Path("/etc/subuid"), subgid: Path = Path("/etc/subgid")) -> None:
+def rootless_ready() -> None:
     """Where this process is not root, what buildah's rootless mode needs before anything is built
     (buildah-unshare(1): the user's subordinate ids mapped by newuidmap/newgidmap), else a
     ConfigError naming what is missing; without them buildah falls back to mapping one id, and a
@@ -120,7 +120,7 @@ def rootless_ready(subuid: Path = Path("/etc/subuid"), subgid: Path = Path("/etc
     if missing := [tool for tool in ("newuidmap", "newgidmap") if shutil.which(tool) is None]:
         raise ConfigError(f"not built: {who} needs {' and '.join(missing)} on PATH (Debian: apt-get install uidmap; "
                           "docs/tasks.md, Who builds)")
-    if lacking := [str(f) for f in (subuid, subgid) if not _has_range(f, name, uid)]:
+    if lacking := [table for table in ("/etc/subuid", "/etc/subgid") if not _has_range(Path(table), name, uid)]:
         raise ConfigError(f"not built: {who} needs a range of subordinate ids for {name} in {' and '.join(lacking)} "
                           f"(as root: usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {name}; "
                           "docs/tasks.md, Who builds)")
