@@ -164,6 +164,19 @@ ROOTLESS = "polar-build"  # the unprivileged user of the rootless builds, as roo
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _as_user(folder: Path, ids: list[str]) -> list[str]:
+    """`python3 -m polar_hpc` as the user `ids` name (setpriv's flags), with HOME `folder`; the
+    repository and this venv's packages shown to it under `folder` by bind mounts in a mount
+    namespace of its own (they may sit where that user cannot look, e.g. under /root)."""
+    repo, lib = folder / ".repo", folder / ".lib"
+    repo.mkdir()
+    lib.mkdir()
+    binds = 'mount --bind "$1" "$2" && mount --bind "$3" "$4" && shift 4 && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", binds, "sh",
+            str(REPO), str(repo), sysconfig.get_paths()["purelib"], str(lib),
+            "setpriv", *ids, "env", f"HOME={folder}", f"PYTHONPATH={repo}:{lib}", "/usr/bin/python3", "-m", "polar_hpc"]
+
+
 @pytest.fixture
 def builder() -> Iterator[tuple[list[str], Path]]:
     """The command that runs `polar-hpc` as an unprivileged user with subordinate ids, and a folder
@@ -189,8 +202,7 @@ def builder() -> Iterator[tuple[list[str], Path]]:
         version = subprocess.run([python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
                                  text=True).stdout.strip()
         assert version == str(sys.version_info[:2]), f"{python} is {version}: this venv's packages need {sys.version_info[:2]}"
-        yield ["setpriv", "--reuid", str(user.pw_uid), "--regid", str(user.pw_gid), "--init-groups", "env",
-               f"HOME={folder}", f"PYTHONPATH={REPO}:{sysconfig.get_paths()['purelib']}", python, "-m", "polar_hpc"], folder
+        yield _as_user(folder, ["--reuid", str(user.pw_uid), "--regid", str(user.pw_gid), "--init-groups"]), folder
     finally:
         shutil.rmtree(folder)
 
@@ -223,11 +235,10 @@ def test_a_rootless_build_without_subordinate_ids_says_what_is_missing(tmp_path:
     try:
         os.chown(folder, 65534, 65534)
         _task(folder / "suite" / "task", "true\n")
-        env = os.environ | {"POLAR_IMAGE_CACHE": str(folder / "cache"), "HOME": str(folder),
-                            "PYTHONPATH": f"{REPO}:{sysconfig.get_paths()['purelib']}"}
-        pull = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3",
-                               "-m", "polar_hpc", "image", "pull", folder / "suite"], capture_output=True, text=True,
-                              env=env, timeout=120)
+        env = os.environ | {"POLAR_IMAGE_CACHE": str(folder / "cache")}
+        as_nobody = _as_user(folder, ["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        pull = subprocess.run([*as_nobody, "image", "pull", folder / "suite"], capture_output=True, text=True, env=env,
+                              timeout=120)
     finally:
         shutil.rmtree(folder)
     assert pull.returncode == 2 and "Traceback" not in pull.stderr, pull.stderr
