@@ -141,7 +141,7 @@ class _Staged(Sandbox):
         self.workspace.mkdir(parents=True, exist_ok=True)
         await asyncio.sleep(self.init_s)
 
-    async def exec(self, command, env, timeout_s, max_output=None) -> ExecResult:
+    async def exec(self, command, env, timeout_s, max_output=None, *, cwd=None, user=None, token=None) -> ExecResult:
         t0 = time.perf_counter()
         await asyncio.sleep(self.run_s)
         self.runs.append((t0, time.perf_counter()))

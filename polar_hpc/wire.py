@@ -310,7 +310,7 @@ class ProxyLaunch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     settings: ProxySettings = ProxySettings()
     proxy_id: str = "proxy"
     host: str = "127.0.0.1"  # address harnesses connect to
-    unix_socket: str | None = None  # also serve HTTP on this Unix socket (for sandboxes without network)
+    relay_socket: str | None = None  # where sandboxes without network hand over their listeners (proxy/relay.py)
 
     def argument(self) -> str:
         """This launch as the proxy's command-line argument."""

@@ -4,11 +4,11 @@ daemon) is still there for the tests, where each command's processes would die w
 one PID and network namespace per command).
 
 `Held(sandbox)` uses the folder the sandbox mounts at GATE, holding two FIFOs the gateway made.
-`await start(command, env, timeout_s, hold_s, cwd, user) -> ExecResult`: runs `( command ); echo $?
-> GATE/done; read _ < GATE/go && exec /bin/sh GATE/run.sh` as one sandbox command (in `cwd`, as
-`user`: the tests start there too, as that user) and returns once the harness's part has ended
-(its exit status read from `done`, at most 16 bytes; no output yet) or the whole command did
-(killed at a limit); TimeoutError after `timeout_s`, the command killed.
+`await start(command, env, timeout_s, hold_s, cwd, user, token) -> ExecResult`: runs `( command );
+echo $? > GATE/done; read _ < GATE/go && exec /bin/sh GATE/run.sh` as one sandbox command (in
+`cwd`, as `user`: the tests start there too, as that user; `token`: Sandbox.exec's) and returns
+once the harness's part has ended (its exit status read from `done`, at most 16 bytes; no output
+yet) or the whole command did (killed at a limit); TimeoutError after `timeout_s`, the command killed.
 `await run(command, env, timeout_s) -> ExecResult`: writes run.sh (the variables exported, then
 `command`), says `go` and waits for the held command to end: its output is the harness's and then
 the tests', its exit status the tests'; `timed_out` after `timeout_s`, the command killed.
@@ -39,7 +39,7 @@ class Held:
         self._fifos: list[int] = []  # done and go, held open until close(): see _fifo
 
     async def start(self, command: str, env: dict[str, str], timeout_s: float, hold_s: float,
-                    cwd: str | None = None, user: str | None = None) -> ExecResult:
+                    cwd: str | None = None, user: str | None = None, token: str | None = None) -> ExecResult:
         """The harness's result; the command may live `hold_s` more for its tests."""
         for name in ("done", "go"):
             os.mkfifo(self.folder / name, 0o600)
@@ -49,7 +49,8 @@ class Held:
         loop, said = asyncio.get_running_loop(), asyncio.Event()
         loop.add_reader(done, said.set)
         try:
-            self._task = asyncio.create_task(self.sandbox.exec(wrapped, env, timeout_s + hold_s, cwd=cwd, user=user))
+            self._task = asyncio.create_task(
+                self.sandbox.exec(wrapped, env, timeout_s + hold_s, cwd=cwd, user=user, token=token))
             waiter = asyncio.create_task(said.wait())
             finished, _ = await asyncio.wait({self._task, waiter}, timeout=timeout_s,
                                              return_when=asyncio.FIRST_COMPLETED)

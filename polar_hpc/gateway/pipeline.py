@@ -229,7 +229,7 @@ class Pipeline:
             proxy_url = sandbox.proxy_url(self.proxy.url)
             solution_at = sandbox.seen_at("/solution") if "/solution" in sandbox.mounts else None
             command, env = presets.launch(task, proxy_url, token, sid, sandbox.workspace, solution_at)
-            at = {"cwd": _cwd(task, sandbox), "user": task.sandbox.user}
+            at = {"cwd": _cwd(task, sandbox), "user": task.sandbox.user, "token": token}
             if GATE in sandbox.mounts:  # the tests will run in this command's sandbox, left as it is
                 outcome.held = Held(sandbox)
                 hold = diffs.GIT_TIMEOUT_S + task.evaluator.timeout_s + EVALUATION_SLACK_S

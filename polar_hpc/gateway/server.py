@@ -95,9 +95,9 @@ _REPORTED = (wire.Credit, wire.SessionUpdate, wire.Result)
 class ProxyLinkRouter(ProxyLink):
     """The gateway's end of the proxy link (ROUTER over ipc)."""
 
-    def __init__(self, sock: zmq.asyncio.Socket, http_socket: Path) -> None:
+    def __init__(self, sock: zmq.asyncio.Socket, relay_socket: Path) -> None:
         self.sock = sock
-        self.socket: Path = http_socket  # always set: the proxy gets one
+        self.socket: Path = relay_socket  # where sandboxes hand the proxy their listeners (always set)
         self.link_id = secrets.token_hex(16)  # the proxy's routing id: given to it alone
         self.identity: bytes | None = None
         self.url = ""
@@ -196,7 +196,7 @@ class _Gateway:
         proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
         proxy_sock.bind(proxy_endpoint)
         log.info("proxy link at %s", proxy_endpoint)
-        self.proxy = ProxyLinkRouter(proxy_sock, tmp_root / "proxy-http.sock")
+        self.proxy = ProxyLinkRouter(proxy_sock, tmp_root / "proxy-relay.sock")
         self.orch = self.ctx.socket(zmq.DEALER)
         security.secure_client(self.orch, opts.run_dir, security.GATEWAY)
         self.orch.connect(opts.orchestrator)
@@ -239,12 +239,12 @@ class _Gateway:
             shutil.rmtree(tmp_root, ignore_errors=True)  # its sockets; the sandboxes' folders are gone already
         return self.exit_code
 
-    def _start_proxy(self, endpoint: str, engine_urls: list[str], http_socket: Path):
+    def _start_proxy(self, endpoint: str, engine_urls: list[str], relay_socket: Path):
         opts, topo = self.opts, self.topology
         launch = wire.ProxyLaunch(
             gateway=endpoint, engine_urls=engine_urls, model=topo.engine.model, engine_kind=topo.engine.kind,
             heartbeat_s=topo.gateway.heartbeat_s, peer_timeout_s=topo.gateway.peer_timeout_s, settings=topo.proxy,
-            proxy_id=f"{opts.gateway_id}-proxy", unix_socket=str(http_socket),
+            proxy_id=f"{opts.gateway_id}-proxy", relay_socket=str(relay_socket),
         )
         log_path = opts.run_dir / "logs" / f"proxy-{socket.gethostname()}-{opts.gateway_id}.log"
         env = security.engine_env(opts.run_dir) | {security.PROXY_LINK_ENV: self.proxy.link_id}

@@ -33,8 +33,9 @@ gateway that started it is gone.
   CloseSession revokes the token (later calls get 401), cancels the session's in-flight calls
   (engine requests aborted, no record sent, the harness gets 401), then answers
   SessionClosed(n_calls = records sent). Records of a session are numbered from 0 as sent.
-- With `unix_socket` set, the same HTTP app is also served on that Unix socket path (sandboxes
-  with network `none` reach it through a relay).
+- With `relay_socket` set, sandboxes without network hand it a listening socket of theirs
+  (`relay.py`) with their session's token: the proxy serves HTTP on it, for that session alone
+  (a call on it bearing another session's token gets 401), until the session closes.
 - HTTP: POST /v1/chat/completions (`openai_chat`), /v1/responses (`openai_responses`),
   /v1/messages (`anthropic`), each streaming or not, errors in the API's own shape; GET /v1/models
   (no key needed). A body naming another model is answered by the run's model, or refused (404)
@@ -76,7 +77,7 @@ from aiohttp import ClientError, web
 from polar_hpc import metrics, procs, wire
 from polar_hpc.errors import ConfigError
 from polar_hpc.engines import identity, kinds
-from polar_hpc.proxy import aborted, anthropic, openai_responses
+from polar_hpc.proxy import aborted, anthropic, openai_responses, relay
 from polar_hpc.proxy import openai_chat as oc
 from polar_hpc.proxy.calls import BIG, BadRequest, ToolCall, assistant_message, offload, release_memory
 from polar_hpc.proxy.engine_client import EngineError
@@ -130,6 +131,7 @@ class _Session:
     open: bool = True
     calls: set[_InFlight] = field(default_factory=set)
     aborted: list[str] = field(default_factory=list)  # weight versions of attempts aborted since the last record
+    listener: relay.Listener | None = None  # the one its sandbox handed over, if any
 
 
 class _Proven:
@@ -173,6 +175,10 @@ class _Proxy:
         self.link = link
         self._sessions: dict[str, _Session] = {}
         self._by_token: dict[str, _Session] = {}
+        self.http: web.Server | None = None  # the HTTP server's protocol factory, once set up
+        self._bound: dict[Any, _Session] = {}  # connection (aiohttp's protocol) -> the session whose listener took it
+        self._prune_at = 64
+        self._connecting: set[asyncio.Task] = set()
         self.meter = metrics.ProxyMeter.from_env(opts.proxy_id)  # None: metrics off
 
     def app(self) -> web.Application:
@@ -232,6 +238,8 @@ class _Proxy:
             return
         session.open = False
         self._by_token.pop(session.token, None)
+        if session.listener is not None:
+            session.listener.close()
         stopped = [flight.stop() for flight in list(session.calls)]
         if stopped:
             await asyncio.wait(stopped)
@@ -244,6 +252,36 @@ class _Proxy:
     def holding(self) -> bool:
         """Whether a session is still open (its gateway has yet to close it and collect its records)."""
         return bool(self._sessions)
+
+    def take(self, token: str, sock) -> str | None:
+        """A sandbox's listener (relay.Handoffs): served for the session of `token`, in place of the
+        one it had; None, or why it is refused."""
+        session = self._by_token.get(token)
+        if session is None or self.http is None:
+            return "unknown or closed session"
+        if session.listener is not None:
+            session.listener.close()
+        session.listener = relay.Listener(sock, functools.partial(self._connected, session))
+        return None
+
+    def _connected(self, session: _Session, conn) -> None:
+        def bound() -> Any:
+            assert self.http is not None  # `take` keeps no listener before
+            protocol = self.http()
+            if len(self._bound) >= self._prune_at:  # connections that ended
+                self._bound = {p: s for p, s in self._bound.items() if p.transport is not None}
+                self._prune_at = max(64, 2 * len(self._bound))
+            self._bound[protocol] = session
+            return protocol
+
+        task = asyncio.create_task(asyncio.get_running_loop().connect_accepted_socket(bound, conn))
+        self._connecting.add(task)
+        task.add_done_callback(functools.partial(_connected, conn, self._connecting))
+
+    def close_listeners(self) -> None:
+        for session in self._sessions.values():
+            if session.listener is not None:
+                session.listener.close()
 
     def cancel_calls(self) -> None:
         for session in self._sessions.values():
@@ -271,7 +309,7 @@ class _Proxy:
 
     async def _handle(self, api, request: web.Request) -> web.StreamResponse:
         session = self._by_token.get(api.token(request.headers) or "")
-        if session is None:  # before a byte of the body is read
+        if session is None or self._bound.get(request.protocol, session) is not session:  # before a byte of the body is read
             return await self._refuse(request, _unauthorized(api))
         if (request.content_length or 0) > self.max_body:
             return await self._refuse(request, self._too_large(api))
@@ -418,6 +456,12 @@ def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = No
     )
 
 
+def _connected(conn, connecting: set[asyncio.Task], task: asyncio.Task) -> None:
+    connecting.discard(task)
+    if task.cancelled() or task.exception() is not None:
+        conn.close()
+
+
 def _unauthorized(api) -> web.Response:
     message = "Incorrect API key provided: unknown or closed session."
     return _json(401, api.error_body(401, message, "authentication"))
@@ -456,10 +500,10 @@ async def _run(opts: wire.ProxyLaunch, ready_file: Path | None) -> None:
     await asyncio.wait([warming], timeout=WARM_S)  # before the gateway hears of the proxy
     runner = web.AppRunner(proxy.app(), access_log=None, shutdown_timeout=5)
     await runner.setup()
+    proxy.http = runner.server
     await web.TCPSite(runner, opts.host, settings.port, backlog=BACKLOG).start()
     url = f"http://{opts.host}:{runner.addresses[0][1]}"
-    if opts.unix_socket is not None:
-        await web.UnixSite(runner, opts.unix_socket, backlog=BACKLOG).start()
+    handoffs = relay.Handoffs(Path(opts.relay_socket), proxy.take) if opts.relay_socket is not None else None
     link.send(wire.ProxyHello(proxy_id=opts.proxy_id, url=url))
     tasks = [asyncio.create_task(proxy.gateway_loop()), asyncio.create_task(proxy.heartbeat_loop())]
     for task in tasks:
@@ -474,6 +518,9 @@ async def _run(opts: wire.ProxyLaunch, ready_file: Path | None) -> None:
         await stop.wait()
     finally:
         proxy.cancel_calls()
+        if handoffs is not None:
+            handoffs.close()
+        proxy.close_listeners()
         await runner.cleanup()
         for task in [*tasks, warming, stay]:
             task.cancel()

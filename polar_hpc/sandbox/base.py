@@ -3,13 +3,16 @@
 A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root` folder.
 - `start()` makes them (and, per backend, the container instance), uploads the task's files and
   runs its prepare commands; `SandboxError` when any of that fails.
-- `exec(command, env, timeout_s, max_output, cwd=, user=)` runs `/bin/sh -c command` through a
-  launcher (limits, the drop to `run_as`, the proxy relay: `inside.py`, or host tools where bwrap.py
-  can) and kills the command's whole tree at the timeout or when it breaks a limit
-  (`ExecResult.limit` says which). It starts in the workspace, or in `cwd` (a folder as the
-  sandbox shows it: an image's `workdir`); it runs as the backend's user, or, in an image, as
-  `user` (a name, uid, `name:group`; as `docker exec -u` takes it) where given. A backend that
-  cannot honour either refuses the command (`SandboxError`).
+- `exec(command, env, timeout_s, max_output, cwd=, user=, token=)` runs `/bin/sh -c command`
+  through a launcher (limits, the drop to `run_as`: `inside.py`, or host tools where bwrap.py can)
+  and kills the command's whole tree at the timeout or when it breaks a limit (`ExecResult.limit`
+  says which). It starts in the workspace, or in `cwd` (a folder as the sandbox shows it: an
+  image's `workdir`); it runs as the backend's user, or, in an image, as `user` (a name, uid,
+  `name:group`; as `docker exec -u` takes it) where given. A backend that cannot honour either
+  refuses the command (`SandboxError`). With the session's `token`, a sandbox without network
+  (`relayed`) first hands the proxy a listener on 127.0.0.1:RELAY_PORT inside (`inside.py
+  --relay`, proxy/relay.py): the command reaches its proxy there (`proxy_url`); other commands
+  (prepare, evaluators) do not.
 - `workdir`: the image's WorkingDir where the sandbox runs an image ("/" where the image sets
   none, as a container starts there), else None.
 - `upload(src, dest)` / `download(path, dest)` copy a file or folder into / out of the workspace
@@ -53,6 +56,7 @@ from pathlib import Path
 from polar_hpc.errors import PolarError
 from polar_hpc.sandbox import files
 from polar_hpc.sandbox import cgroups as cg
+from polar_hpc.sandbox.inside import RELAY_TOKEN
 from polar_hpc.sandbox.limits import Limits
 
 MARKER = "POLAR_SANDBOX_ID"
@@ -129,7 +133,7 @@ class Sandbox:
 
     @property
     def relayed(self) -> bool:
-        """The harness has no network of its own and reaches the proxy through the relay."""
+        """The harness has no network of its own and reaches the proxy through a listener it hands over."""
         return self.network != "host" and self.proxy_socket is not None and self.isolates_network
 
     def proxy_url(self, host_url: str) -> str:
@@ -178,14 +182,15 @@ class Sandbox:
 
     async def exec(
         self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None, *,
-        cwd: str | None = None, user: str | None = None,
+        cwd: str | None = None, user: str | None = None, token: str | None = None,
     ) -> ExecResult:
         """Run `command` (via /bin/sh -c) in the workspace (or `cwd`), as the image's `user` where
         given; kill its whole tree at the timeout."""
         cap = self.limits.max_output if max_output is None else max_output
         hits = self._limit_hits()
+        relay = {RELAY_TOKEN: token} if token is not None and self.relayed else {}
         try:
-            argv, environment = self._process(command, env | {MARKER: self.marker}, cwd, user)
+            argv, environment = self._process(command, env | {MARKER: self.marker} | relay, cwd, user)
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 cwd=self.workspace,
@@ -248,9 +253,9 @@ class Sandbox:
     def _process(self, command: str, env: dict[str, str], cwd: str | None = None,
                  user: str | None = None) -> tuple[list[str], dict[str, str]]:
         """The host's command line and environment that run `/bin/sh -c command` with `env` in this
-        sandbox; ValueError for what cannot be launched (a bad environment name, a user the image
-        does not know)."""
-        argv = self._wrap(self._launcher(["/bin/sh", "-c", command]), cwd, user)
+        sandbox (with RELAY_TOKEN in `env`: hand the proxy a listener first); ValueError for what
+        cannot be launched (a bad environment name, a user the image does not know)."""
+        argv = self._wrap(self._launcher(["/bin/sh", "-c", command], RELAY_TOKEN in env), cwd, user)
         return self._joined(argv), self._environment(env)
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
@@ -264,17 +269,17 @@ class Sandbox:
 
     # --- internals ------------------------------------------------------------------------------
 
-    def _launcher(self, argv: list[str]) -> list[str]:
-        return [self.python, *self.python_flags, self.inside, *self._launch_options(), "--", *argv]
+    def _launcher(self, argv: list[str], relay: bool = False) -> list[str]:
+        return [self.python, *self.python_flags, self.inside, *self._launch_options(relay), "--", *argv]
 
-    def _launch_options(self) -> list[str]:
-        """inside.py's options for this sandbox (backends add theirs in front)."""
+    def _launch_options(self, relay: bool = False) -> list[str]:
+        """inside.py's options for this sandbox and command (backends add theirs in front)."""
         options = ["--fsize", str(self.limits.max_file_bytes)]
         if self.user_namespace:
             options += ["--nproc", str(self.limits.max_pids)]
         if self.limits.max_memory_bytes is not None and not self._memory_cgroup:
             options += ["--as", str(self.limits.max_memory_bytes)]
-        if self.relayed:
+        if relay:
             options += ["--relay", f"{RELAY_PORT}={self.proxy_socket_inside}"]
         return options
 

@@ -62,7 +62,7 @@ from pathlib import Path
 
 from polar_hpc.sandbox import checkouts
 from polar_hpc.sandbox.base import INSIDE, MARKER, SandboxError
-from polar_hpc.sandbox.inside import ENV_PREFIX
+from polar_hpc.sandbox.inside import ENV_PREFIX, RELAY_TOKEN
 from polar_hpc.sandbox.layer import ROOT_CAPS, STAGE, ImageConfig, Layer, open_up, user_ids
 from polar_hpc.sandbox.owner import RunsAs
 
@@ -154,11 +154,13 @@ def unreachable(uid: int, gid: int) -> str | None:
     return None
 
 
-def _prefixed(command: dict[str, str]) -> dict[str, str]:
+def _prefixed(command: dict[str, str], token: str | None = None) -> dict[str, str]:
     """bwrap's environment: bwrap runs on the host (as root for a root gateway), so it gets the
     gateway's PATH and the command's variables only as POLAR_ENV_*, which the launcher restores for
     the command alone after the drop: a task's LD_PRELOAD, PATH or PYTHONPATH runs no code before it."""
     own = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", MARKER: command[MARKER]}
+    if token is not None:  # the launcher's (inside.py --relay), never the command's
+        own[RELAY_TOKEN] = token
     return own | {ENV_PREFIX + k: v for k, v in command.items()}
 
 
@@ -192,9 +194,9 @@ class BwrapSandbox(RunsAs):
     def user_namespace(self) -> bool:  # an image's commands run in one, whoever the gateway is
         return super().user_namespace or self.rootfs is not None
 
-    def _launch_options(self) -> list[str]:
+    def _launch_options(self, relay: bool = False) -> list[str]:
         drop = self.privileged and not self.rootfs  # an image sandbox drops before bwrap (layer.py)
-        return ["--prefixed-env"] + (["--user", "%d:%d" % self.run_as] if drop else []) + super()._launch_options()
+        return ["--prefixed-env"] + (["--user", "%d:%d" % self.run_as] if drop else []) + super()._launch_options(relay)
 
     async def _launch(self) -> None:
         if self.image and self.rootfs is None:  # never the host's tree in place of a missing image
@@ -211,8 +213,8 @@ class BwrapSandbox(RunsAs):
             await asyncio.to_thread(open_up, self.root)
         await super()._remove()
 
-    def _launcher(self, argv: list[str]) -> list[str]:
-        args = super()._launcher(argv)
+    def _launcher(self, argv: list[str], relay: bool = False) -> list[str]:
+        args = super()._launcher(argv, relay)
         if self.rootfs:
             args[0:1] = ["python3", "-B"]  # the image's; no .pyc written to the session's layer
         return args
@@ -223,7 +225,8 @@ class BwrapSandbox(RunsAs):
         variables = self._command_environment(env)
         if tools is None or not all(_RESTORABLE.fullmatch(k) and k not in _READ_ONLY for k in variables):
             return super()._process(command, env, cwd, user)  # inside.py for all of it
-        options = [o for o in self._launch_options() if o != "--prefixed-env"]  # inside.py's: flag, value pairs
+        relay = RELAY_TOKEN in env
+        options = [o for o in self._launch_options(relay) if o != "--prefixed-env"]  # inside.py's: flag, value pairs
         given = dict(zip(options[::2], options[1::2]))  # the same bounds, set by the host's tools instead
         bounds = [f"{f}={given[f]}:{given[f]}" for f in ("--nproc", "--as") if f in given]  # the file size: below
         chain = [tools["prlimit"], *bounds, "--"] if bounds else []
@@ -242,12 +245,14 @@ class BwrapSandbox(RunsAs):
                    + " ".join(f'{k}="${ENV_PREFIX}{k}"' for k in names)
                    + "; unset " + " ".join(ENV_PREFIX + k for k in names) + "; ")
         chain += ["/bin/sh", "-c", restore + command, "/bin/sh"]
-        return self._joined(self._wrap(chain, cwd, user)), _prefixed(variables)
+        return self._joined(self._wrap(chain, cwd, user)), _prefixed(variables, env.get(RELAY_TOKEN))
 
     def _environment(self, env: dict[str, str]) -> dict[str, str]:
-        return _prefixed(self._command_environment(env))
+        return _prefixed(self._command_environment(env), env.get(RELAY_TOKEN))
 
     def _command_environment(self, env: dict[str, str]) -> dict[str, str]:
+        """The command's own variables (the relay's token is the launcher's, not the command's)."""
+        env = {k: v for k, v in env.items() if k != RELAY_TOKEN}
         if self.rootfs:  # the image's Env (its PATH, else the usual one) under the task's
             return super()._environment({"PATH": IMAGE_PATH} | self.config.env | env) | {"TMPDIR": "/tmp"}
         return super()._environment(env) | {"TMPDIR": "/tmp"}

@@ -14,11 +14,16 @@ and this script with `--relay` alone for a command relayed to the proxy: bwrap.p
 - `--user UID:GID` (started as host root, as bwrap does for a root gateway): drop to that host
   uid and gid for good: no supplementary groups, an empty capability bounding set, no_new_privs
   (setuid binaries cannot give root back); it exits 126 unless /proc/self/status then shows
-  that uid and no capability at all. The relay below runs as that user too.
-- `--relay PORT=SOCKET`: listen on 127.0.0.1:PORT *before* ARGV starts and relay each connection
-  to the Unix socket SOCKET (the proxy's), so a harness with no network still reaches its proxy
-  at an ordinary http URL. The relay is a forked child that dies with ARGV (PR_SET_PDEATHSIG).
-  A port already taken (a relay of an earlier exec still alive in a shared namespace) is reused.
+  that uid and no capability at all. The listener below is made as that user too.
+- `--relay PORT=SOCKET`: *before* ARGV starts, make a listening socket on 127.0.0.1:PORT (in the
+  sandbox's own network namespace) and hand it, with the session's token from the environment
+  variable POLAR_RELAY_TOKEN, to the proxy over its Unix socket SOCKET (proxy/relay.py: one
+  SOCK_SEQPACKET message, the descriptor by SCM_RIGHTS). The proxy then serves HTTP on it itself,
+  so a harness with no network reaches its proxy at an ordinary http URL with no relay process.
+  Unless the proxy answers "ok" within HANDOFF_S, it exits 126 with the proxy's reason on stderr:
+  a harness that cannot reach its proxy would otherwise fail later and less clearly. A port
+  already taken (apptainer: one namespace for every exec of the instance, and the proxy still
+  serves the listener an earlier exec gave it) is left to that listener.
 
 - `--prefixed-env`: ARGV's environment is this script's `POLAR_ENV_*` variables, prefix removed
   (bwrap). What a task sets (LD_PRELOAD, PYTHONPATH, PATH...) then reaches only ARGV, after the
@@ -26,24 +31,26 @@ and this script with `--relay` alone for a command relayed to the proxy: bwrap.p
 
 Then it execs ARGV, so ARGV's exit status is the sandbox command's. It runs before every command
 (`python3 -I -S` where the backend allows), so it imports what an option needs only when that
-option is given: `os`, `resource` and `sys` always, `ctypes` for `--user` and `--relay`, `socket`
-and `threading` for `--relay`.
+option is given: `os`, `resource` and `sys` always, `ctypes` for `--user`, `_socket` (not `socket`,
+which imports far more) for `--relay`. POLAR_RELAY_TOKEN never reaches ARGV's environment.
 """
 
 import os
 import resource
 import sys
 
-_PR_SET_PDEATHSIG = 1
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 ENV_PREFIX = "POLAR_ENV_"
+RELAY_TOKEN = "POLAR_RELAY_TOKEN"  # the session's token, for --relay (taken out of ARGV's environment)
+HANDOFF_S = 5.0  # how long the proxy may take to answer the handoff
 
 
 def main(argv):
     split = argv.index("--")
     opts, command = argv[:split], argv[split + 1 :]
     relay = user = None
+    token = os.environ.pop(RELAY_TOKEN, "")
     env = dict(os.environ)
     if "--prefixed-env" in opts:
         opts.remove("--prefixed-env")
@@ -63,7 +70,7 @@ def main(argv):
     if user is not None:
         _drop_to(*user)
     if relay is not None:
-        _start_relay(*relay)
+        _hand_off(*relay, token)
     os.execvpe(command[0], command, env)
 
 
@@ -87,63 +94,30 @@ def _drop_to(uid, gid):
         os._exit(126)
 
 
-def _start_relay(port, path):
-    import ctypes
-    import signal
-    import socket
-    import threading
+def _hand_off(port, path, token):
+    import _socket
 
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
         listener.bind(("127.0.0.1", port))
-    except OSError:  # an earlier exec's relay still serves this namespace
+    except OSError:  # apptainer: the proxy serves an earlier exec's listener in this namespace
         listener.close()
         return
     listener.listen(128)
-    parent = os.getpid()
-    if os.fork() != 0:
-        listener.close()
-        return
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:
-        os._exit(0)
-    os.closerange(0, 3)
-    while True:
-        client, _ = listener.accept()
-        threading.Thread(target=_serve, args=(client, path), daemon=True).start()
-
-
-def _serve(client, path):
-    import socket  # loaded already by _start_relay: these imports only bind the names
-    import threading
-
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    link = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    link.settimeout(HANDOFF_S)
     try:
-        upstream.connect(path)
-    except OSError:
-        client.close()
-        return
-    back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
-    back.start()
-    _pipe(client, upstream)
-    back.join()
-    client.close()
-    upstream.close()
-
-
-def _pipe(src, dst):
-    import socket
-
-    try:
-        while True:
-            data = src.recv(65536)
-            if not data:
-                break
-            dst.sendall(data)
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
+        link.connect(path)
+        fd = listener.fileno().to_bytes(4, sys.byteorder)
+        link.sendmsg([token.encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd)])
+        answer = link.recv(512).decode(errors="replace")
+    except OSError as e:
+        answer = "cannot reach it: %s" % (e.strerror or e)
+    if answer != "ok":
+        sys.stderr.write("inside.py: the proxy did not take this sandbox's listener: %s\n" % answer)
+        os._exit(126)
+    link.close()
+    listener.close()
 
 
 if __name__ == "__main__":

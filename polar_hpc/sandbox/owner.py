@@ -59,8 +59,8 @@ class RunsAs(Sandbox):
     def user_namespace(self) -> bool:  # as root, commands run as `run_as` outside any user namespace
         return not self.privileged
 
-    def _launch_options(self) -> list[str]:
-        options = super()._launch_options()
+    def _launch_options(self, relay: bool = False) -> list[str]:
+        options = super()._launch_options(relay)
         if not self.user_namespace and self._cgroup is None:  # the one bound left: run_as is this sandbox's alone
             options[:0] = ["--nproc", str(self.limits.max_pids)]
         return options
@@ -80,7 +80,7 @@ class RunsAs(Sandbox):
 
     async def exec(
         self, command: str, env: dict[str, str], timeout_s: float, max_output: int | None = None, *,
-        cwd: str | None = None, user: str | None = None,
+        cwd: str | None = None, user: str | None = None, token: str | None = None,
     ) -> ExecResult:
         if self.privileged:  # what the gateway put there since (uploads, a harness's config files)
             for folder in (self.workspace, *(m for m in self.mounts.values() if m.is_dir())):
@@ -88,7 +88,7 @@ class RunsAs(Sandbox):
             socket = self.proxy_socket
             if self.relayed and socket is not None and socket.exists():  # connectable; its host folder stays closed
                 socket.chmod(0o666)
-        return await super().exec(command, env, timeout_s, max_output, cwd=cwd, user=user)
+        return await super().exec(command, env, timeout_s, max_output, cwd=cwd, user=user, token=token)
 
     async def stop(self) -> bool:
         gone = await super().stop()

@@ -187,12 +187,13 @@ class Proxy:
 
 
 def launch(gateway: FakeGateway, engine_url: str | list[str], name: str = "p", engine_kind: str = "scripted",
-           heartbeat_s: float = 1.0, peer_timeout_s: float = 10.0, **settings: object) -> wire.ProxyLaunch:
+           heartbeat_s: float = 1.0, peer_timeout_s: float = 10.0, relay_socket: str | None = None,
+           **settings: object) -> wire.ProxyLaunch:
     """What a gateway would start a proxy with; `settings`: fields of the topology's `proxy:`."""
     return wire.ProxyLaunch(
         gateway=gateway.endpoint, engine_urls=[engine_url] if isinstance(engine_url, str) else engine_url,
         model=MODEL, engine_kind=engine_kind, heartbeat_s=heartbeat_s, peer_timeout_s=peer_timeout_s,
-        settings=wire.ProxySettings(**settings), proxy_id=name,
+        settings=wire.ProxySettings(**settings), proxy_id=name, relay_socket=relay_socket,
     )
 
 
