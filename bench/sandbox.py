@@ -8,8 +8,11 @@
   (on bwrap the host's prlimit, setpriv for a root gateway, then the command's own `sh -c` that
   restores its variables and runs `true`) run alone outside bwrap, median of --starts;
   python_launcher_cpu_ms that of `python3 -I -S inside.py` doing the same (the launcher in an
-  image or on a host without those tools; a command relayed to the proxy runs it, with `--relay`
-  only, after the host's tools).
+  image or on a host without those tools; a harness command without network runs it, with
+  `--relay` only, after the host's tools).
+- relayed_exec_ms / plain_exec_ms: medians of `exec("true")` in one started sandbox without network,
+  in turns, with the session's token (the launcher first hands a listener to a relay socket served
+  here by the proxy's own `relay.Handoffs`, which keeps it) and without.
 - Where a cold start's time goes (medians, same run): start_ms (`start()`), exec_ms (`exec("true")`:
   the cgroup-joining shell, bwrap, the launcher), our_bwrap_ms (the sandbox's own bwrap command
   line, its mounts and namespaces, running /bin/true itself: no cgroup join, no launcher);
@@ -53,6 +56,7 @@ from pathlib import Path
 from polar_hpc import wire
 from polar_hpc.config import PoolConfig, SandboxConfig, Task
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
+from polar_hpc.proxy import relay
 from polar_hpc.sandbox import ExecResult, Sandbox, backend, bwrap
 from polar_hpc.sandbox.base import INSIDE, MARKER
 from polar_hpc.shards.writer import ShardWriter
@@ -95,6 +99,30 @@ async def _spawned(argv: list[str], env: dict[str, str] | None) -> float:
     if proc.returncode != 0:
         sys.exit(f"{argv[0]} exited {proc.returncode}: {err.decode(errors='replace')[-1000:]}")
     return time.perf_counter() - t0
+
+
+async def relayed_execs(tmp: Path, n: int) -> tuple[float, float]:
+    """Medians (ms) of exec("true") with the session's token (a listener handed over) and without."""
+    kept: list = []
+    handoffs = relay.Handoffs(tmp / "relay.sock", lambda token, sock: kept.append(sock))
+    make, _ = backend(SandboxConfig(), tmp)
+    sb = make(tmp / "relayed", {}, [], "none", proxy_socket=tmp / "relay.sock")
+    await sb.start()
+    taken: list[list[float]] = [[], []]
+    try:
+        for _ in range(n):
+            for i, token in enumerate(("session-token", None)):
+                t0 = time.perf_counter()
+                result = await sb.exec("true", {}, 30, token=token)
+                taken[i].append(time.perf_counter() - t0)
+                if result.returncode != 0:
+                    sys.exit(f"exec failed: {result.stderr.decode(errors='replace')[-1000:]}")
+    finally:
+        await sb.stop()
+        handoffs.close()
+        for sock in kept:
+            sock.close()
+    return 1000 * statistics.median(taken[0]), 1000 * statistics.median(taken[1])
 
 
 async def launcher_cpu_ms(tmp: Path, n: int) -> tuple[float, float]:
@@ -203,6 +231,7 @@ async def main() -> None:
         tmp = Path(d)
         cold = await cold_starts(tmp, args.starts)
         launcher, python_launcher = await launcher_cpu_ms(tmp, args.starts)
+        relayed, plain = await relayed_execs(tmp, args.starts)
         busy_pool, acquire = await staged(tmp, args.run_s, args.slots, pooled=True)
         busy_nopool, _ = await staged(tmp, args.run_s, args.slots, pooled=False)
     print(f"{args.slots} RUN slots x 16 sessions, run {args.run_s}s, init run/2, postrun run/4")
@@ -215,6 +244,8 @@ async def main() -> None:
         "shown_dirs": len(bwrap.shown_dirs()),
         "launcher_cpu_ms": round(launcher, 2),
         "python_launcher_cpu_ms": round(python_launcher, 2),
+        "relayed_exec_ms": round(relayed, 2),
+        "plain_exec_ms": round(plain, 2),
         "bare_bwrap_ms": round(cold["bare"], 2),
         "cold_to_bare_ratio": round(cold["cold"] / cold["bare"], 2),
         "pooled_acquire_ms": round(acquire, 3),

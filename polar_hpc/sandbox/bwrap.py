@@ -45,7 +45,9 @@ that shell cannot restore, `inside.py` does all of it (`--prefixed-env`).
 Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
 (or the command ending) takes every process it started with it: nothing outlives its command.
 With network `none` or `proxy-only` the command gets a network namespace with only loopback; the
-proxy's Unix socket is bound at /run/polar/proxy.sock and `inside.py` relays 127.0.0.1:47111 to it.
+proxy's relay socket is bound at /run/polar/proxy.sock, where `inside.py --relay` hands the proxy a
+listener on the command's own 127.0.0.1:47111 (proxy/relay.py) for a harness command. inside.py
+and the socket are bound only into a command whose launcher uses them.
 With `host` the host network is shared.
 """
 
@@ -168,9 +170,12 @@ def _cover(folder: str | Path) -> list[str]:
     return ["--size", str(_COVER_BYTES), "--tmpfs", str(folder)]
 
 
-def _traversable(path: str) -> list[str]:
-    """Create the mount point's parents 0755 (bwrap makes them 0700, closed to a non-root user)."""
-    return [arg for parent in reversed(Path(path).parents[:-1]) for arg in ("--perms", "0755", "--dir", str(parent))]
+def _traversable(path: str, made: set[str]) -> list[str]:
+    """Create the mount point's parents 0755 (bwrap makes them 0700, closed to a non-root user),
+    those not in `made` (the command line's so far), which then holds them."""
+    parents = [str(p) for p in reversed(Path(path).parents[:-1]) if str(p) not in made]
+    made.update(parents)
+    return [arg for parent in parents for arg in ("--perms", "0755", "--dir", parent)]
 
 
 class BwrapSandbox(RunsAs):
@@ -262,13 +267,16 @@ class BwrapSandbox(RunsAs):
             return self._image_wrap(argv, cwd, user)
         if user is not None:
             raise ValueError(f"user {user!r}: only a sandbox of an image runs a command as one of its users")
-        ws = str(self.workspace)
-        args = ["bwrap", *self._host_root()]
+        ws, made = str(self.workspace), set[str]()
+        args = ["bwrap", *self._host_root(made)]
         args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
-        args += ["--perms", "0755", "--dir", "/run/polar", "--ro-bind", str(INSIDE), self.inside]
-        args += _traversable(ws) + ["--bind", ws, ws, "--chdir", cwd or ws]
+        if self.inside in argv:  # what the launcher uses, only (each bind costs bwrap some time)
+            args += _traversable(self.inside, made) + ["--ro-bind", str(INSIDE), self.inside]
+        if self.relayed and "--relay" in argv:
+            args += _traversable(self.proxy_socket_inside, made) + ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
+        args += _traversable(ws, made) + ["--bind", ws, ws, "--chdir", cwd or ws]
         for path, folder in self.mounts.items():
-            args += _traversable(path) + ["--bind", str(folder), path]
+            args += _traversable(path, made) + ["--bind", str(folder), path]
         if self.privileged:
             args += ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
             args += [arg for cap in _SETUP_CAPS for arg in ("--cap-add", cap)]
@@ -277,8 +285,6 @@ class BwrapSandbox(RunsAs):
         else:
             args += ["--unshare-all"] + (["--share-net"] if self.network == "host" else [])
         args += ["--die-with-parent", "--new-session"]
-        if self.relayed:
-            args += ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
         return args + (["--remount-ro", "/"] if self.mounts else []) + ["--"] + argv
 
     def _image_wrap(self, argv: list[str], cwd: str | None, user: str | None) -> list[str]:
@@ -297,14 +303,15 @@ class BwrapSandbox(RunsAs):
                 "--bind", f"{stage}/tmp", "/tmp", "--perms", "0755", "--tmpfs", "/run",
                 "--bind", f"{stage}/shm", "/dev/shm", "--remount-ro", "/dev",
                 "--perms", "0755", "--dir", "/run/polar", "--ro-bind", f"{stage}/inside.py", self.inside]
-        args += _traversable(ws) + ["--bind", f"{stage}/ws", ws]
+        made = {"/run", "/run/polar"}
+        args += _traversable(ws, made) + ["--bind", f"{stage}/ws", ws]
         args += ["--dir", self.config.workdir] if self.config.workdir else []
         args += ["--chdir", cwd or ws]
         if self.relayed:
             args += ["--bind", f"{stage}/proxy.sock", self.proxy_socket_inside]
         for i, (path, folder) in enumerate(self.mounts.items()):
             binds[f"mount{i}"] = folder
-            args += _traversable(path) + ["--bind", f"{stage}/mount{i}", path]
+            args += _traversable(path, made) + ["--bind", f"{stage}/mount{i}", path]
         uid, gid = user_ids(self.rootfs, self.config.user) if user is None else user_ids(self.rootfs, user, known=True)
         args += ["--unshare-user", "--uid", str(uid), "--gid", str(gid), "--unshare-ipc", "--unshare-pid",
                  "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL"]
@@ -312,7 +319,7 @@ class BwrapSandbox(RunsAs):
         args += ([] if self.network == "host" else ["--unshare-net"]) + ["--die-with-parent", "--new-session"]
         return self.layer.prefix(binds, self.run_as if self.privileged else None) + args + ["--"] + argv
 
-    def _host_root(self) -> list[str]:
+    def _host_root(self, made: set[str]) -> list[str]:
         """The host's root read-only, with the covers and the folders shown back described above."""
         # with `mounts`, / is a tmpfs holding the host's top-level entries, where their mount points can be made
         args = _tmpfs_root(Path("/"), self.tmp) if self.mounts else ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
@@ -323,10 +330,11 @@ class BwrapSandbox(RunsAs):
         args += ["--bind", str(self.tmp), "/tmp"]
         shown = [p for p in shown_dirs() if any(Path(p).is_relative_to(c) for c in ("/tmp", *covered))]
         for path in shown:
-            args += _traversable(path) + ["--ro-bind", path, path]
+            args += _traversable(path, made) + ["--ro-bind", path, path]
         for folder in (self.root.parent, *self.hidden):  # e.g. a run dir inside a checkout under /tmp
             if any(folder.is_relative_to(top) for top in shown) and folder.is_dir():
                 args += _cover(folder)
+                made.difference_update(m for m in list(made) if Path(m).is_relative_to(folder) and m != str(folder))
         return args
 
 

@@ -14,6 +14,7 @@ import pytest
 from polar_hpc.sandbox import SandboxError
 from polar_hpc.sandbox.apptainer import ApptainerSandbox, ApptainerSettings, copy_to_node
 from polar_hpc.sandbox.base import INSIDE, MARKER
+from polar_hpc.sandbox.inside import RELAY_TOKEN
 
 HAVE_APPTAINER = shutil.which("apptainer") is not None
 
@@ -47,6 +48,9 @@ def test_instance_start_isolated_with_overlay_binds_and_relay(tmp_path: Path) ->
     assert exec_argv[:5] == ["apptainer", "exec", "--cleanenv", "--no-privs", "--security"]
     assert exec_argv[5] == "uid:2000000007,gid:2000000007"
     assert "--nproc" in exec_argv  # no pids cgroup here: RLIMIT_NPROC, of the sandbox's own uid
+    argv, env = sb._process("true", {"POLAR_SANDBOX_ID": "m", RELAY_TOKEN: "session-token"})  # the harness's
+    assert argv[argv.index("--relay") + 1] == "47111=/run/polar/proxy.sock" and "--relay" not in exec_argv
+    assert env["APPTAINERENV_POLAR_RELAY_TOKEN"] == "session-token" and not any("session-token" in a for a in argv)
 
 
 def test_host_network_no_gpu_and_exec_stop_lines(tmp_path: Path) -> None:

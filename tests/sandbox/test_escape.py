@@ -2,7 +2,8 @@
 "Threat model", names the test for each line).
 
 The first tests run real bwrap sandboxes directly (network `none`; the proxy is played by a small
-HTTP server on a host loopback port and a Unix socket). The last runs `escape_probe.py` as the
+HTTP server on a host loopback port that also serves the listener a sandbox hands it over its
+relay socket, proxy/relay.py). The last runs `escape_probe.py` as the
 harness through the real path (`polar-hpc run --service`, tasks submitted as a trainer would), once
 per network mode, next to a /dev/shm flood, a fork bomb and ordinary sessions that must complete.
 """
@@ -28,8 +29,10 @@ from bwrap_required import needs_bwrap
 from polar_hpc import wire
 from polar_hpc.client import Client
 from polar_hpc.config import UID_RANGE
+from polar_hpc.proxy import relay
 from polar_hpc.sandbox import Limits, SandboxError, bwrap
 from polar_hpc.sandbox.bwrap import BwrapSandbox
+from polar_hpc.sandbox.inside import RELAY_TOKEN
 from polar_hpc.shards.reader import iter_trajectories
 
 pytestmark = needs_bwrap
@@ -42,10 +45,13 @@ def _run(coro):
 
 
 class _Proxy:
-    """An HTTP server on 127.0.0.1:PORT and on a Unix socket; GET / answers 'proxy-ok'."""
+    """An HTTP server on 127.0.0.1:PORT and on the listener handed over with TOKEN; GET / answers 'proxy-ok'."""
+
+    TOKEN = "session-token"
 
     def __init__(self, folder: Path) -> None:
         self.socket = folder / "proxy.sock"
+        self.listeners: list[relay.Listener] = []
 
     async def __aenter__(self):
         app = web.Application()
@@ -57,10 +63,22 @@ class _Proxy:
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
         self.port = self.runner.addresses[0][1]
-        await web.UnixSite(self.runner, str(self.socket)).start()
+        self.handoffs = relay.Handoffs(self.socket, self._take)
         return self
 
+    def _take(self, token: str, sock) -> str | None:
+        if token != self.TOKEN:
+            return "unknown or closed session"
+        loop = asyncio.get_running_loop()
+        server = self.runner.server
+        assert server is not None
+        self.listeners.append(relay.Listener(sock, lambda conn: loop.create_task(loop.connect_accepted_socket(server, conn))))
+        return None
+
     async def __aexit__(self, *exc):
+        self.handoffs.close()
+        for listener in self.listeners:
+            listener.close()
         await self.runner.cleanup()
 
 
@@ -96,6 +114,10 @@ def test_the_host_tools_launcher_runs_python_only_to_relay(tmp_path: Path, privi
     assert "LD_PRELOAD" not in env and env["POLAR_ENV_OPENAI_API_KEY"] == "session-token"
     assert not any("/x.so" in a or "session-token" in a for a in argv), argv
     argv, _ = relayed._process("true", {"POLAR_SANDBOX_ID": "m"})
+    assert relayed.inside not in argv[argv.index("--") + 1:], argv  # a command without the session's token hands nothing over
+    argv, env = relayed._process("true", {"POLAR_SANDBOX_ID": "m", RELAY_TOKEN: "session-token"})
+    assert env[RELAY_TOKEN] == "session-token" and not any("session-token" in a for a in argv), argv
+    assert not any(k.startswith("POLAR_ENV_") and "RELAY" in k for k in env), env  # the launcher's, not the command's
     chain = argv[argv.index("--") + 1:]
     start = chain.index(relayed.inside)
     assert chain[start + 1:start + 4] == ["--relay", f"47111={relayed.proxy_socket_inside}", "--"], chain
@@ -157,16 +179,21 @@ def test_network_none_reaches_the_proxy_and_nothing_else(tmp_path: Path, launche
             await sb.upload(tmp_path / "connect.py", "connect.py")
             url = sb.proxy_url(f"http://127.0.0.1:{proxy.port}")
             get = f"{PY} -c \"import urllib.request; print(urllib.request.urlopen('{url}/').read().decode())\""
-            via_proxy = await sb.exec(get, {}, 30)
-            probes = await sb.exec(f"{PY} connect.py 127.0.0.1:{proxy.port} 1.1.1.1:80 151.101.0.223:443", {}, 30)
+            via_proxy = await sb.exec(get + "; echo ${POLAR_RELAY_TOKEN-not-shown}", {}, 30, token=proxy.TOKEN)
+            refused = await sb.exec(get, {}, 30, token="another-token")
+            probes = await sb.exec(f"{PY} connect.py 127.0.0.1:{proxy.port} 127.0.0.1:47111 1.1.1.1:80 "
+                                   "151.101.0.223:443", {}, 30)  # no token: no listener either
             assert await sb.stop()
-            return url, via_proxy, probes
+            return url, via_proxy, refused, probes
 
-    url, via_proxy, probes = _run(go())
+    url, via_proxy, refused, probes = _run(go())
     assert url == "http://127.0.0.1:47111"
-    assert via_proxy.stdout == b"proxy-ok\n", via_proxy.stderr
+    assert via_proxy.stdout == b"proxy-ok\nnot-shown\n", via_proxy.stderr
+    assert refused.returncode == 126 and refused.stdout == b"", refused
+    assert refused.stderr == (b"inside.py: the proxy did not take this sandbox's listener: "
+                              b"refused: unknown or closed session\n"), refused
     lines = probes.stdout.decode().splitlines()
-    assert len(lines) == 3 and all(" failed " in line for line in lines), probes.stdout + probes.stderr
+    assert len(lines) == 4 and all(" failed " in line for line in lines), probes.stdout + probes.stderr
 
 
 @pytest.mark.parametrize("base", ["/tmp", "/var/tmp"])
