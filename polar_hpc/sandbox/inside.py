@@ -31,12 +31,11 @@ and this script with `--relay` alone for a command relayed to the proxy: bwrap.p
 
 Then it execs ARGV, so ARGV's exit status is the sandbox command's. It runs before every command
 (`python3 -I -S` where the backend allows), so it imports what an option needs only when that
-option is given: `os`, `resource` and `sys` always, `ctypes` for `--user`, `_socket` (not `socket`,
+option is given: `os` and `sys` always, `resource` for a limit, `ctypes` for `--user`, `_socket` (not `socket`,
 which imports far more) for `--relay`. POLAR_RELAY_TOKEN never reaches ARGV's environment.
 """
 
 import os
-import resource
 import sys
 
 _PR_CAPBSET_DROP = 24
@@ -44,6 +43,7 @@ _PR_SET_NO_NEW_PRIVS = 38
 ENV_PREFIX = "POLAR_ENV_"
 RELAY_TOKEN = "POLAR_RELAY_TOKEN"  # the session's token, for --relay (taken out of ARGV's environment)
 HANDOFF_S = 5.0  # how long the proxy may take to answer the handoff
+_LIMITS = {"--nproc": "RLIMIT_NPROC", "--fsize": "RLIMIT_FSIZE", "--as": "RLIMIT_AS"}
 
 
 def main(argv):
@@ -56,12 +56,11 @@ def main(argv):
         opts.remove("--prefixed-env")
         env = {k[len(ENV_PREFIX) :]: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
     for flag, value in zip(opts[::2], opts[1::2]):
-        if flag == "--nproc":
-            resource.setrlimit(resource.RLIMIT_NPROC, (int(value), int(value)))
-        elif flag == "--fsize":
-            resource.setrlimit(resource.RLIMIT_FSIZE, (int(value), int(value)))
-        elif flag == "--as":
-            resource.setrlimit(resource.RLIMIT_AS, (int(value), int(value)))
+        if flag in _LIMITS:
+            import resource
+
+            limit = getattr(resource, _LIMITS[flag])
+            resource.setrlimit(limit, (int(value), int(value)))
         elif flag == "--user":
             user = tuple(int(n) for n in value.split(":"))
         elif flag == "--relay":
