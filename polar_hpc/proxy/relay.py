@@ -14,10 +14,13 @@ The sandbox is hostile, so the handoff is bounded and checked:
   (`checked`), and the token that of an open session (`take`, given by the proxy: it binds the
   listener to that session, closing the one it had, so a session holds at most one);
 - the answer is one message: b"ok", or b"refused: REASON" (inside.py then fails the command).
-`Listener` accepts on a kept socket with the loop's reader and its own non-blocking accept, not
-`loop.create_server`: uvloop's server spins on a listener its sandbox shut down under it; here any
-error but "nothing to accept" or a full file table closes the listener (its session's calls then
-fail; nobody else's). `close()` stops accepting and closes the socket (the session closed).
+`Listener` accepts on a kept socket (and on the relay socket itself) with the loop's reader and
+its own non-blocking accept, not `loop.create_server`: uvloop's server spins on a listener its
+sandbox shut down under it; here any error but "nothing to accept" or a full file table (a pause
+of `_PAUSE_S`) closes the listener (its session's calls then fail; nobody else's). `close()` stops
+accepting and closes the socket (the session closed).
+A sandbox can still hold up to `PENDING` silent connections for `HANDOFF_S` each, which delays
+other sessions' handoffs at most that long (refused past it: their commands exit 126).
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def _hand_off(port, path, token):
         link.connect(path)
         fd = listener.fileno().to_bytes(4, sys.byteorder)
         link.sendmsg([token.encode()], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd)])
-        answer = link.recv(512).decode(errors="replace")
+        answer = link.recv(512).decode(errors="replace") or "it closed the connection unanswered"
     except OSError as e:
         answer = "cannot reach it: %s" % (e.strerror or e)
     if answer != "ok":
