@@ -196,7 +196,7 @@ class _Gateway:
         proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
         proxy_sock.bind(proxy_endpoint)
         log.info("proxy link at %s", proxy_endpoint)
-        self.proxy = ProxyLinkRouter(proxy_sock, tmp_root / "proxy-relay.sock")
+        self.proxy = ProxyLinkRouter(proxy_sock, tmp_root / "relay.sock")  # as short as proxy.sock: fits where it does
         self.orch = self.ctx.socket(zmq.DEALER)
         security.secure_client(self.orch, opts.run_dir, security.GATEWAY)
         self.orch.connect(opts.orchestrator)
