@@ -152,7 +152,7 @@ def _cpu_s() -> float:
 class _Proxy(ProxyLink):
     url = "http://127.0.0.1:1"
 
-    async def open(self, session_id: str, token: str) -> None:
+    async def open(self, session_id: str, token: str, task_id: str) -> None:
         return None
 
     async def close(self, session_id: str) -> list[wire.CallRecord]:
