@@ -29,14 +29,14 @@ A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root
 - `cancel()` kills every process of the sandbox now and returns True only when it could verify
   that none survives; `stop()` does the same, then removes the files and the cgroup.
 
-Processes are found by three means: the process groups of the commands started, the environment
-marker `POLAR_SANDBOX_ID` every process inherits, and the sandbox's cgroup when there is one
-(cgroups.py: `cgroups` owns it, `cgroups.local()` by default; it also bounds the sandbox's CPU, and
-is frozen and killed whole before the per-process kill; where no command can leave it,
-`cgroup_sealed` (bwrap: every command joins it before bwrap starts, /sys is read-only inside), its
-member list is complete and /proc is not scanned). Verification needs more than the marker
-(a daemon may clear its environment): a cgroup, or a backend whose commands run in their own PID
-namespace (`pid_namespace`).
+Processes are found and killed by `processes.Processes`: the process groups of the commands
+started, the environment marker `POLAR_SANDBOX_ID` every process inherits, and the sandbox's cgroup
+when there is one (cgroups.py: `cgroups` owns it, `cgroups.local()` by default; it also bounds the
+sandbox's CPU, and is frozen and killed whole before the per-process kill; where no command can
+leave it, `cgroup_sealed` (bwrap: every command joins it before bwrap starts, /sys is read-only
+inside), its member list is complete and /proc is not scanned). Verification needs more than the
+marker (a daemon may clear its environment): a cgroup, or a backend whose commands run in their
+own PID namespace (`pid_namespace`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ import logging
 import os
 import secrets
 import shutil
-import signal
 import sys
 import threading
 import time
@@ -58,8 +57,8 @@ from polar_hpc.sandbox import files
 from polar_hpc.sandbox import cgroups as cg
 from polar_hpc.sandbox.inside import RELAY_TOKEN
 from polar_hpc.sandbox.limits import Limits
+from polar_hpc.sandbox.processes import MARKER, Processes, exited, kill_group, read_capped
 
-MARKER = "POLAR_SANDBOX_ID"
 RELAY_PORT = 47111  # where a harness without network finds its proxy: http://127.0.0.1:47111
 INSIDE = Path(__file__).with_name("inside.py")
 _WATCH_S = 0.5
@@ -122,9 +121,12 @@ class Sandbox:
         self.hidden = hidden  # host folders the harness must not see (the run directory)
         self.mounts = {path: root / name for path, name in (mounts or {}).items()}
         self.marker = secrets.token_hex(8)
-        self._pgids: set[int] = set()
         self._cgroups = cgroups
-        self._cgroup: cg.Cgroup | None = None
+        self._processes = Processes(self.marker, self.cgroup_sealed)
+
+    @property
+    def _cgroup(self) -> cg.Cgroup | None:
+        return self._processes.cgroup
 
     @property
     def user_namespace(self) -> bool:
@@ -146,7 +148,7 @@ class Sandbox:
         for folder in self.mounts.values():
             folder.mkdir(parents=True, exist_ok=True)
         if self.limits.use_cgroup:
-            self._cgroup = (self._cgroups or cg.local()).create(f"sb-{self.marker}", self.limits)
+            self._processes.cgroup = (self._cgroups or cg.local()).create(f"sb-{self.marker}", self.limits)
         if self.limits.max_memory_bytes is not None and not self._memory_cgroup:
             log.warning("sandbox %s: no memory cgroup can be made here: its memory bound (%d bytes) is "
                         "RLIMIT_AS per process", self.marker, self.limits.max_memory_bytes)
@@ -174,7 +176,7 @@ class Sandbox:
     async def put(self, path: str, src: Path | None) -> None:
         """Empty the folder mounted at `path`, then copy the contents of the folder `src` (if any) into it."""
         folder = self.mounts[path]
-        await files.run(lambda: _empty(folder), None)  # in place: a running command's bind still shows it
+        await files.run(lambda: files.empty(folder), None)  # in place: a running command's bind still shows it
         if src is None:
             return
         for name in sorted(p.name for p in src.iterdir()):
@@ -187,7 +189,7 @@ class Sandbox:
         """Run `command` (via /bin/sh -c) in the workspace (or `cwd`), as the image's `user` where
         given; kill its whole tree at the timeout."""
         cap = self.limits.max_output if max_output is None else max_output
-        hits = self._limit_hits()
+        hits = self._processes.hits()
         relay = {RELAY_TOKEN: token} if token is not None and self.relayed else {}
         try:
             argv, environment = self._process(command, env | {MARKER: self.marker} | relay, cwd, user)
@@ -202,14 +204,14 @@ class Sandbox:
             )
         except (OSError, ValueError) as e:  # E2BIG, a NUL byte, a bad environment name...
             raise SandboxError(f"cannot launch the command: {getattr(e, 'strerror', None) or e}") from None
-        self._pgids.add(proc.pid)
+        self._processes.started(proc.pid)
         assert proc.stdout is not None and proc.stderr is not None  # both are PIPE
-        reads = asyncio.gather(_read_capped(proc.stdout, cap), _read_capped(proc.stderr, cap))
+        reads = asyncio.gather(read_capped(proc.stdout, cap), read_capped(proc.stderr, cap))
         timed_out, limit = False, None
         try:
             timed_out, limit = await self._watch(proc.pid, time.monotonic() + timeout_s, hits)
         finally:  # on timeout, cancellation, or children left behind by a command that exited
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
         if limit:
             await self.cancel()
         try:
@@ -223,7 +225,7 @@ class Sandbox:
         """Kill every process of the sandbox now (its files stay until `stop`); True when it could
         verify that none survives."""
         await self._terminate()
-        gone = await self._reap(timeout_s)
+        gone = await self._processes.reap(timeout_s)
         return gone and (self._cgroup is not None or self.pid_namespace)
 
     async def stop(self) -> bool:
@@ -294,13 +296,13 @@ class Sandbox:
             if left <= 0:
                 return True, None
             try:
-                await asyncio.wait_for(_exited(pid), min(left, _WATCH_S))
-                return False, self._broken(hits)
+                await asyncio.wait_for(exited(pid), min(left, _WATCH_S))
+                return False, self._processes.broken(hits, self.limits)
             except asyncio.TimeoutError:
                 pass
-            if broken := self._broken(hits):
+            if broken := self._processes.broken(hits, self.limits):
                 return False, broken
-            if await asyncio.to_thread(_disk_usage, self.root) > self.limits.max_disk_bytes:
+            if await asyncio.to_thread(files.disk_usage, self.root) > self.limits.max_disk_bytes:
                 return False, f"disk limit exceeded (max_disk_bytes={self.limits.max_disk_bytes})"
 
     async def _copy(self, what: str, src_root: Path, src: str, dst_root: Path, dst: str) -> None:
@@ -308,7 +310,7 @@ class Sandbox:
         stop = threading.Event()
 
         def copy() -> int:
-            budget = self.limits.max_disk_bytes - _disk_usage(self.root)
+            budget = self.limits.max_disk_bytes - files.disk_usage(self.root)
             return files.copy(src_root, src, dst_root, dst, budget, stop)
 
         try:
@@ -326,123 +328,3 @@ class Sandbox:
     @property
     def _memory_cgroup(self) -> bool:
         return self._cgroup is not None and self._cgroup.memory_bounded
-
-    def _limit_hits(self) -> tuple[int, int]:
-        """Forks the pids cgroup refused and processes the memory cgroup's OOM killer killed, so far."""
-        return (self._cgroup.pids_limit_hits(), self._cgroup.oom_kills()) if self._cgroup else (0, 0)
-
-    def _broken(self, before: tuple[int, int]) -> str | None:
-        """The cgroup limit broken since `before` (`_limit_hits()`), if any."""
-        pids, ooms = self._limit_hits()
-        if ooms > before[1]:
-            return f"memory limit exceeded (memory_mb={(self.limits.max_memory_bytes or 0) >> 20})"
-        return f"process limit reached (max_pids={self.limits.max_pids})" if pids > before[0] else None
-
-    def _survivors(self) -> set[int]:
-        found = set(self._cgroup.pids()) if self._cgroup else set()
-        if self._cgroup is not None and self.cgroup_sealed:  # the scan of /proc (ms) would find nothing more
-            return {p for p in found if (s := _stat(p)) is not None and s[0] != "Z"}
-        needle = f"{MARKER}={self.marker}".encode()
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            pid = int(entry.name)
-            state = _stat(pid)
-            if state is None or state[0] == "Z":
-                continue
-            if int(state[2]) in self._pgids or pid in found or needle in _environ(pid):
-                found.add(pid)
-        return {p for p in found if (s := _stat(p)) is not None and s[0] != "Z"}
-
-    async def _reap(self, timeout_s: float) -> bool:
-        """SIGKILL every process of the sandbox until none is left; False if some outlive `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        if self._cgroup is not None:  # frozen, then killed: a fork bomb cannot outrun it
-            await asyncio.to_thread(self._cgroup.kill, timeout_s)
-        while survivors := await asyncio.to_thread(self._survivors):  # a /proc scan: off the event loop
-            if time.monotonic() > deadline:
-                return False
-            for pid in survivors:
-                cg.sigkill(pid)
-            await asyncio.sleep(0.01)
-        return True
-
-
-async def _exited(pid: int) -> None:
-    """Wait for process `pid` to exit (not for its pipes to close, as Process.wait does)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:  # already exited and reaped
-        return
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-
-    def exited() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    loop.add_reader(fd, exited)
-    try:
-        await done
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-async def _read_capped(stream: asyncio.StreamReader, limit: int) -> bytes:
-    """Read a stream to its end, keeping the first `limit` bytes."""
-    kept = bytearray()
-    while chunk := await stream.read(65536):
-        if len(kept) < limit:
-            kept += chunk[: limit - len(kept)]
-    return bytes(kept)
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (state first, pgrp third), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def _environ(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
-def _empty(folder: Path) -> None:
-    """Make `folder` an empty folder: what it holds removed, no link followed (one in its place
-    replaced by a folder)."""
-    if folder.is_symlink() or not folder.is_dir():
-        if folder.is_symlink() or folder.exists():
-            folder.unlink()
-        folder.mkdir()
-    for entry in os.scandir(folder):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
-
-
-def _disk_usage(root: Path) -> int:
-    """Bytes allocated under `root` (symlinks not followed)."""
-    total = 0
-    for folder, dirs, names in os.walk(root):
-        for name in names + dirs:
-            try:
-                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total

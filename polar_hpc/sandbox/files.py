@@ -11,6 +11,8 @@ neither block nor be read.
 - `copy(src_root, src_rel, dst_root, dst_rel, budget, stop)`: copy a file or a folder tree; links
   are copied as links, FIFOs, sockets and devices are skipped; stops with `FileError` once more
   than `budget` bytes are written, and when the `stop` event is set (checked every MiB and entry).
+- `empty(folder)`: make `folder` an empty folder, no link followed (one in its place replaced).
+- `disk_usage(root)`: bytes allocated under `root`, no link followed.
 - `run(fn, timeout_s)`: run `fn` in a daemon thread and await it; a thread still stuck at the
   timeout (or at interpreter exit) never holds the event loop or the process's exit.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import shutil
 import stat
 import threading
 from pathlib import Path, PurePosixPath
@@ -94,6 +97,32 @@ def copy(src_root: Path, src_rel: str, dst_root: Path, dst_rel: str, budget: int
     finally:
         os.close(src_dir)
     return budget - left[0]
+
+
+def empty(folder: Path) -> None:
+    """Make `folder` an empty folder: what it holds removed, no link followed (one in its place
+    replaced by a folder)."""
+    if folder.is_symlink() or not folder.is_dir():
+        if folder.is_symlink() or folder.exists():
+            folder.unlink()
+        folder.mkdir()
+    for entry in os.scandir(folder):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes allocated under `root` (symlinks not followed)."""
+    total = 0
+    for folder, dirs, names in os.walk(root):
+        for name in names + dirs:
+            try:
+                total += os.lstat(os.path.join(folder, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
 
 
 async def run(fn: Callable[[], T], timeout_s: float | None) -> T:
