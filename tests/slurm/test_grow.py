@@ -1,8 +1,9 @@
 """`polar-hpc grow` on a real Slurm: a grow job's gateway joins a running run, takes sessions, is
 stopped by Slurm mid-run (`polar-hpc shrink`: scancel, as a preemption stops it), and the run still
-ends COMPLETED with every (task, sample) exactly once; a grow job follows the run's job through a
-requeue into its next life and ends with the run; a grow job shrunk while still PENDING is cancelled
-and never starts, the run untouched."""
+ends COMPLETED with every (task, sample) exactly once; a grow job's engine registers, serves calls
+and deregisters when shrunk, the run ending the same way, its GPU-seconds in the run's cost; a grow
+job follows the run's job through a requeue into its next life and ends with the run; a grow job
+shrunk while still PENDING is cancelled and never starts, the run untouched."""
 
 from __future__ import annotations
 
@@ -68,6 +69,47 @@ def test_a_grown_gateway_takes_work_and_leaves_on_scancel_with_nothing_lost(slur
     assert grow in json.loads((run_dir / "accounting.json").read_text())["jobs"]
     shown = RunReader(run_dir).overview()["jobs"]  # the dashboard's list
     assert [(j["job"], j["kind"], j["outcome"]) for j in shown] == [(job_id, "main", "finished"), (grow, "grow", "signal")]
+
+
+@pytest.mark.timeout(360)  # two jobs, 12 sessions of up to 22 s, on a busy 2-core machine
+def test_a_grown_engine_serves_calls_and_leaves_on_scancel_with_nothing_lost(slurm, tmp_path: Path,
+                                                                             calculator_dir: Path) -> None:
+    n = 12
+    tasks = _calculator(tmp_path, calculator_dir, n)
+    text = tasks.read_text().replace("timeout_s: 60", "timeout_s: 300")
+    # samples sleep 2 or 12 s before their calls: sessions keep starting after the engine joins
+    staggered = "command: 's=${POLAR_SESSION_ID##*#}; sleep $((2 + ${s%%.*} % 2 * 10)) && python agent.py'"
+    tasks.write_text(text.replace("command: python agent.py", staggered))
+    # one of n0's 2 GPUs left for the grow job; the task's samples go to the least loaded engine, not its group's
+    job_id, run_dir = _submit(slurm, tmp_path, tasks, gpus=1, extra=("proxy: {affinity_slack: 0}",), token_delay_ms=30,
+                              sample_log="true")
+    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
+    out = _polar(slurm, "grow", job_id, "--engines", "1", "--nodes", "0")
+    assert out.returncode == 0, out.stderr
+    grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
+    node = wait_for("the grow job to start", lambda: next(
+        (e["engine_nodes"][0] for e in _grow_events(run_dir) if e["event"] == "start"), None), 180)
+    engine = f"g{grow}-{node}-0"
+    wait_for(f"{engine} to register", lambda: any(e["event"] == "engine_up" and e["engine"] == engine
+                                                  for e in journal(run_dir)), 120, 0.2)
+    samples = run_dir / "logs" / f"engine-samples-g{grow}-{node}.jsonl"  # what the grown engine generated
+    wait_for(f"{engine} to serve calls", lambda: samples.exists() and samples.read_text().count("\n") >= 2, 120, 0.2)
+    shrink = _polar(slurm, "shrink", run_dir)
+    assert shrink.returncode == 0 and f"scancel sent to grow job {grow}" in shrink.stdout, shrink
+    wait_for("the grow job to end", lambda: job_gone(slurm, grow), 60)
+    wait_for("the run's job to end", lambda: job_gone(slurm, job_id), 240)
+    _check_exactly_once(run_dir, n)
+    downs = [e for e in journal(run_dir) if e["event"] == "engine_down" and e["engine"] == engine]
+    assert [e["reason"] for e in downs] == ["deregistered"], downs  # it said goodbye, it did not go silent
+    ends = [(e["job"], e["outcome"]) for e in _grow_events(run_dir) if e["event"] == "end"]
+    assert ends == [(grow, "signal")], ends
+    assert f"engine step g{grow}-{node} on {node}" in (run_dir / "logs" / f"step-engine-g{grow}-{node}.log").read_text()
+    assert _sacct_state(slurm, job_id).startswith(f"{job_id}+0|COMPLETED|0:0")  # the main job untouched
+    wait_for("status to list the grow job", lambda: f"grow job {grow}: CANCELLED" in _polar(slurm, "status", run_dir).stdout, 30)
+    cost = json.loads((run_dir / "accounting.json").read_text())
+    (life,) = [x for x in cost["lives"] if x["job"] == grow]
+    assert (life["gpu_s"], life["cpu_s"]) == (life["elapsed_s"], life["elapsed_s"]), life  # 1 GPU, 1 CPU on n0
+    assert cost["gpu_hours"] == pytest.approx(sum(x["gpu_s"] for x in cost["lives"]) / 3600)
 
 
 def _grow_events(run_dir: Path) -> list[dict]:
