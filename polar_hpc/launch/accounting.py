@@ -22,8 +22,10 @@
   jobs (`journal/grow.jsonl`, launch/grow.py), their lives since the run was made (its `topology.yaml`),
   and the run's products as `RunReader` reads them (accepted trajectories, trainable tokens),
   with GPU-hours and CPU-hours per accepted trajectory and the GPU-seconds known wasted (`cut` by
-  stops, `discarded_by_overprovisioning`, `idle_engines`). `write(run_dir, figures)` saves it in one rename,
-  never through a link; the dashboard shows it (`RunReader.accounting`).
+  stops, `discarded_by_overprovisioning`, `idle_engines`, and `aborted_by_updates`: the seconds of
+  the calls engines aborted for weight updates in accepted trajectories, times the GPUs per slot).
+  `write(run_dir, figures)` saves it in one rename, never through a link; the dashboard shows it
+  (`RunReader.accounting`).
 """
 
 from __future__ import annotations
@@ -187,6 +189,8 @@ def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
         "wasted_gpu_s": {"cut_by_stops": slot_gpu_s(run_dir, p.cut_s, found)[0] if p.cut else 0.0,
                          "discarded_by_overprovisioning": slot_gpu_s(run_dir, p.discarded_s, found)[0]
                          if p.discarded else 0.0,
+                         "aborted_by_updates": slot_gpu_s(run_dir, o["aborted_call_s"], found)[0]
+                         if o["aborted_call_s"] else 0.0,
                          "idle_engines": idle_gpu_s(run_dir)[0]},
     }
 
