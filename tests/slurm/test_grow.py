@@ -32,19 +32,8 @@ def _held_by(run_dir: Path, gateway: str) -> tuple[int, int]:
 def test_a_grown_gateway_takes_work_and_leaves_on_scancel_with_nothing_lost(slurm, tmp_path: Path,
                                                                             calculator_dir: Path) -> None:
     n = 40
-    tasks = _calculator(tmp_path, calculator_dir, n)
-    text = tasks.read_text().replace("timeout_s: 60", "timeout_s: 300")  # two gateways on 2 busy cores
-    # samples take 2, 12, 22, 32 s in turn: when a gateway ends one, it still runs others
-    staggered = "command: 's=${POLAR_SESSION_ID##*#}; sleep $((2 + ${s%%.*} % 4 * 10)) && python agent.py'"
-    tasks.write_text(text.replace("command: python agent.py", staggered))
-    assert "sleep $((" in tasks.read_text()
-    job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=30)
-    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
-    out = _polar(slurm, "grow", job_id, "--nodes", "1", "--cpus", "2")
-    assert out.returncode == 0, out.stderr
-    grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
-    node = wait_for("the grow job to start", lambda: next(
-        (e["nodes"][0] for e in _grow_events(run_dir) if e["event"] == "start"), None), 180)
+    job_id, run_dir = _staggered(slurm, tmp_path, calculator_dir, n, 4)  # when a gateway ends one, it runs others
+    grow, node = _grown(slurm, run_dir, job_id, "nodes", "--nodes", "1", "--cpus", "2")
     gateway = f"gw-g{grow}-{node}"
     wait_for(f"{gateway} to finish a session and hold others", lambda: _held_by(run_dir, gateway)[1] > 0 and any(
         r["session"] in _assigned_to(run_dir, gateway) for r in results(run_dir)), 120, 0.2)
@@ -75,20 +64,11 @@ def test_a_grown_gateway_takes_work_and_leaves_on_scancel_with_nothing_lost(slur
 def test_a_grown_engine_serves_calls_and_leaves_on_scancel_with_nothing_lost(slurm, tmp_path: Path,
                                                                              calculator_dir: Path) -> None:
     n = 12
-    tasks = _calculator(tmp_path, calculator_dir, n)
-    text = tasks.read_text().replace("timeout_s: 60", "timeout_s: 300")
-    # samples sleep 2 or 12 s before their calls: sessions keep starting after the engine joins
-    staggered = "command: 's=${POLAR_SESSION_ID##*#}; sleep $((2 + ${s%%.*} % 2 * 10)) && python agent.py'"
-    tasks.write_text(text.replace("command: python agent.py", staggered))
-    # one of n0's 2 GPUs left for the grow job; the task's samples go to the least loaded engine, not its group's
-    job_id, run_dir = _submit(slurm, tmp_path, tasks, gpus=1, extra=("proxy: {affinity_slack: 0}",), token_delay_ms=30,
-                              sample_log="true")
-    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
-    out = _polar(slurm, "grow", job_id, "--engines", "1", "--nodes", "0")
-    assert out.returncode == 0, out.stderr
-    grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
-    node = wait_for("the grow job to start", lambda: next(
-        (e["engine_nodes"][0] for e in _grow_events(run_dir) if e["event"] == "start"), None), 180)
+    # sessions keep starting after the engine joins; one of n0's 2 GPUs is left for the grow job; the
+    # task's samples go to the least loaded engine, not their group's
+    job_id, run_dir = _staggered(slurm, tmp_path, calculator_dir, n, 2, gpus=1, extra=("proxy: {affinity_slack: 0}",),
+                                 sample_log="true")
+    grow, node = _grown(slurm, run_dir, job_id, "engine_nodes", "--engines", "1", "--nodes", "0")
     engine = f"g{grow}-{node}-0"
     wait_for(f"{engine} to register", lambda: any(e["event"] == "engine_up" and e["engine"] == engine
                                                   for e in journal(run_dir)), 120, 0.2)
@@ -110,6 +90,28 @@ def test_a_grown_engine_serves_calls_and_leaves_on_scancel_with_nothing_lost(slu
     (life,) = [x for x in cost["lives"] if x["job"] == grow]
     assert (life["gpu_s"], life["cpu_s"]) == (life["elapsed_s"], life["elapsed_s"]), life  # 1 GPU, 1 CPU on n0
     assert cost["gpu_hours"] == pytest.approx(sum(x["gpu_s"] for x in cost["lives"]) / 3600)
+
+
+def _staggered(slurm: dict, tmp_path: Path, calculator_dir: Path, n: int, kinds: int, **submit) -> tuple[str, Path]:
+    """A run of `n` calculator samples, sample s sleeping 2 + (s % kinds) * 10 s before its agent, once
+    it has a first result: (its job, its run directory)."""
+    tasks = _calculator(tmp_path, calculator_dir, n)
+    text = tasks.read_text().replace("timeout_s: 60", "timeout_s: 300")  # two gateways (engines) on 2 busy cores
+    staggered = f"command: 's=${{POLAR_SESSION_ID##*#}}; sleep $((2 + ${{s%%.*}} % {kinds} * 10)) && python agent.py'"
+    tasks.write_text(text.replace("command: python agent.py", staggered))
+    assert "sleep $((" in tasks.read_text()
+    job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=30, **submit)
+    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
+    return job_id, run_dir
+
+
+def _grown(slurm: dict, run_dir: Path, target: str, nodes: str, *args: str) -> tuple[str, str]:
+    """`polar-hpc grow TARGET ARGS`, started: (the grow job, its first node of `nodes` in its start event)."""
+    out = _polar(slurm, "grow", target, *args)
+    assert out.returncode == 0, out.stderr
+    grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
+    return grow, wait_for("the grow job to start", lambda: next(
+        (e[nodes][0] for e in _grow_events(run_dir) if e["event"] == "start" and e[nodes]), None), 180)
 
 
 def _grow_events(run_dir: Path) -> list[dict]:
