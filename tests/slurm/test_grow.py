@@ -63,15 +63,17 @@ def test_a_grown_gateway_takes_work_and_leaves_on_scancel_with_nothing_lost(slur
 @pytest.mark.timeout(360)  # two jobs, 12 sessions of up to 22 s, on a busy 2-core machine
 def test_a_grown_engine_serves_calls_and_leaves_on_scancel_with_nothing_lost(slurm, tmp_path: Path,
                                                                              calculator_dir: Path) -> None:
+    """A grow job of an engine node and a gateway node (a hetjob, engines first) beside the run's job."""
     n = 12
     # sessions keep starting after the engine joins; one of n0's 2 GPUs is left for the grow job; the
     # task's samples go to the least loaded engine, not their group's
     job_id, run_dir = _staggered(slurm, tmp_path, calculator_dir, n, 2, gpus=1, extra=("proxy: {affinity_slack: 0}",),
                                  sample_log="true")
-    grow, node = _grown(slurm, run_dir, job_id, "engine_nodes", "--engines", "1", "--nodes", "0")
-    engine = f"g{grow}-{node}-0"
-    wait_for(f"{engine} to register", lambda: any(e["event"] == "engine_up" and e["engine"] == engine
-                                                  for e in journal(run_dir)), 120, 0.2)
+    grow, node = _grown(slurm, run_dir, job_id, "engine_nodes", "--engines", "1", "--nodes", "1", "--cpus", "1")
+    (gateway_node,) = next(e["nodes"] for e in _grow_events(run_dir) if e["event"] == "start")
+    engine, gateway = f"g{grow}-{node}-0", f"gw-g{grow}-{gateway_node}"
+    wait_for(f"{engine} and {gateway} to register", lambda: {(e["event"], e.get("engine", e.get("gateway"))) for e in journal(
+        run_dir)} >= {("engine_up", engine), ("gateway_up", gateway)}, 120, 0.2)  # each step got its component's CPUs
     samples = run_dir / "logs" / f"engine-samples-g{grow}-{node}.jsonl"  # what the grown engine generated
     wait_for(f"{engine} to serve calls", lambda: samples.exists() and samples.read_text().count("\n") >= 2, 120, 0.2)
     shrink = _polar(slurm, "shrink", run_dir)
@@ -88,7 +90,7 @@ def test_a_grown_engine_serves_calls_and_leaves_on_scancel_with_nothing_lost(slu
     wait_for("status to list the grow job", lambda: f"grow job {grow}: CANCELLED" in _polar(slurm, "status", run_dir).stdout, 30)
     cost = json.loads((run_dir / "accounting.json").read_text())
     (life,) = [x for x in cost["lives"] if x["job"] == grow]
-    assert (life["gpu_s"], life["cpu_s"]) == (life["elapsed_s"], life["elapsed_s"]), life  # 1 GPU, 1 CPU on n0
+    assert (life["gpu_s"], life["cpu_s"]) == (life["elapsed_s"], 2 * life["elapsed_s"]), life  # 1 GPU, 1 + 1 CPUs
     assert cost["gpu_hours"] == pytest.approx(sum(x["gpu_s"] for x in cost["lives"]) / 3600)
 
 
