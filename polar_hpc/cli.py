@@ -197,7 +197,8 @@ def grow(
     target: str = typer.Argument(..., help="Run directory or Slurm job id of a run whose job is queued or running."),
     nodes: int = typer.Option(1, "--nodes", "-N", help="Gateway nodes to add (one gateway each; 0: engines only)."),
     engines: int = typer.Option(0, "--engines", help="Engine nodes to add, shaped like slurm.gpu (one engine step each)."),
-    partition: Optional[str] = typer.Option(None, help="Partition of every node (default: slurm.cpu's, slurm.gpu's); a preemptible one is fine."),
+    partition: Optional[str] = typer.Option(
+        None, help="Partition of every node (default: slurm.cpu's, slurm.gpu's); a preemptible one is fine."),
     time: Optional[str] = typer.Option(None, "--time", help="The grow job's time limit (default: slurm.time)."),
     cpus: Optional[int] = typer.Option(None, help="CPUs per node (default: slurm.cpu.cpus)."),
     sbatch: Optional[list[str]] = typer.Option(None, "--sbatch", help="More sbatch flags, e.g. --sbatch=--qos=low (repeatable)."),
