@@ -195,19 +195,21 @@ def cancel(target: str = typer.Argument(..., help="Run directory or Slurm job id
 @app.command()
 def grow(
     target: str = typer.Argument(..., help="Run directory or Slurm job id of a run whose job is queued or running."),
-    nodes: int = typer.Option(1, "--nodes", "-N", help="Gateway nodes to add (one gateway each)."),
-    partition: Optional[str] = typer.Option(None, help="Partition (default: slurm.cpu's); a preemptible one is fine."),
+    nodes: int = typer.Option(1, "--nodes", "-N", help="Gateway nodes to add (one gateway each; 0: engines only)."),
+    engines: int = typer.Option(0, "--engines", help="Engine nodes to add, shaped like slurm.gpu (one engine step each)."),
+    partition: Optional[str] = typer.Option(
+        None, help="Partition of every node (default: slurm.cpu's, slurm.gpu's); a preemptible one is fine."),
     time: Optional[str] = typer.Option(None, "--time", help="The grow job's time limit (default: slurm.time)."),
     cpus: Optional[int] = typer.Option(None, help="CPUs per node (default: slurm.cpu.cpus)."),
     sbatch: Optional[list[str]] = typer.Option(None, "--sbatch", help="More sbatch flags, e.g. --sbatch=--qos=low (repeatable)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the grow job's sbatch script; submit nothing."),
 ) -> None:
-    """Add gateway nodes to a running run as a separate Slurm job; they join it and take work."""
+    """Add gateway (and engine) nodes to a running run as a separate Slurm job; they join it and take work."""
     from polar_hpc.launch.grow import GrowSpec
     from polar_hpc.launch.grow import grow as grow_run
 
     def go() -> None:
-        spec = GrowSpec(nodes, partition, time, cpus, tuple(sbatch or ()), dry_run)
+        spec = GrowSpec(nodes, partition, time, cpus, tuple(sbatch or ()), dry_run, engines)
         out, where = grow_run(target, spec)
         if dry_run:
             typer.echo(out, nl=False)
@@ -228,18 +230,24 @@ def shrink(
 
     def go() -> None:
         gone = shrink_run(target, job)
-        typer.echo(f"scancel sent to grow job {', '.join(gone)}: its gateways leave within the stop budget"
+        typer.echo(f"scancel sent to grow job {', '.join(gone)}: its gateways and engines leave within the stop budget"
                    if gone else "no grow job of this run is queued or running")
 
     _guard(go)
 
 
 @app.command(hidden=True)
-def member(run_dir: Path = typer.Option(..., help="The run directory.")) -> None:
-    """A grow job's member driver (run by its sbatch script): gateways that join the run."""
-    from polar_hpc.launch.member import serve
+def member(
+    run_dir: Path = typer.Option(..., help="The run directory."),
+    roles: str = typer.Option("gateway", help="The job's components in het-group order: engine,gateway."),
+) -> None:
+    """A grow job's member driver (run by its sbatch script): engines and gateways that join the run."""
+    from polar_hpc.launch.member import ROLES, serve
 
-    raise typer.Exit(_guard(lambda: serve(run_dir)))
+    parts = tuple(roles.split(","))
+    if not parts or not set(parts) <= set(ROLES) or len(set(parts)) != len(parts):
+        _exit(ConfigError(f"member --roles {roles!r}: a comma list of {', '.join(ROLES)}, each once"))
+    raise typer.Exit(_guard(lambda: serve(run_dir, parts)))
 
 
 @app.command(hidden=True)
@@ -370,6 +378,7 @@ def engine(
     update_load_ms: float = typer.Option(0.0, min=0.0, help="Simulated load time of a weight update."),
     context_length: Optional[int] = typer.Option(None, help="Longest prompt + output, in tokens (default 65536)."),
     model_name: str = typer.Option("polar-scripted", help="Model name the engine serves."),
+    tag: Optional[str] = typer.Option(None, help="Engine step: names its engines TAG-i and their logs (default: the node)."),
     metrics: bool = typer.Option(True, help="Serve /metrics (--no-metrics: 404, as SGLang without --enable-metrics)."),
 ) -> None:
     """Run the scripted engine, or (with --run-dir) a run's engine step: its servers, registered."""
@@ -382,7 +391,7 @@ def engine(
     if run_dir is not None:
         from polar_hpc.engines.step import main
 
-        _guard(lambda: main(kind, run_dir))
+        _guard(lambda: main(kind, run_dir, tag))
         return
     if kind != "scripted":
         _exit(ConfigError(f"engine --kind {kind}: needs --run-dir (it runs as the engine step of a run)"))

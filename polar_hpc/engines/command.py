@@ -10,7 +10,7 @@ later flag wins in the engines' argparse).
 arguments of the run's scripted engine, for `polar-hpc run` (launch.local) and for the engine step
 (engines.step) alike: model name, weight version, token delay, context length, the policy script
 (absolute) and, with `engine.sample_log`, the sample log `<run>/logs/engine-samples.jsonl`
-(`engine-samples-NODE.jsonl` for an engine step on NODE).
+(`engine-samples-TAG.jsonl` for an engine step: TAG its node, or a grow job's `g<job>-<node>`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
-"""The engine step of a Slurm run (`polar-hpc engine --kind KIND --run-dir RUN`), one per GPU node.
+"""The engine step of a Slurm run (`polar-hpc engine --kind KIND --run-dir RUN [--tag TAG]`), one per
+GPU node of the run's job or of a grow job (launch/member.py).
 
 It starts the node's engine servers (SGLang, vLLM: one per `tp_size` GPUs of the node, server i on
 port `engine.port + i` with its own slice of CUDA_VISIBLE_DEVICES (`split_devices`), vLLM's cache in
-`<run>/cache/engine-NODE-i`; scripted: one, on the CPU, with the command line `polar-hpc run` gives
+`<run>/cache/engine-TAG-i`; scripted: one, on the CPU, with the command line `polar-hpc run` gives
 it (engines.command); `engines.kinds` says how each kind starts),
 refusing a port another process already listens on, waits until each answers GET /health, checks
 that it is the server it started (`identity.check`: it demands the run's key, and only that one),
-registers each URL and weight version with the orchestrator
+registers each URL and weight version (engine id `TAG-i`; TAG, default the node, also names the
+servers' logs `logs/engine-TAG[-i].log` and caches) with the orchestrator
 found through `<run>/rendezvous.json` (EngineHello, over CURVE with the run's engine key), heartbeats,
 and on Shutdown from the orchestrator or SIGTERM/SIGINT deregisters (EngineBye) and stops the
 servers (SIGUSR1/SIGUSR2 are trapped and left to the driver). A server that
@@ -38,12 +40,13 @@ from polar_hpc.engines import command, identity, kinds
 STOP_GRACE_S = 20.0  # SIGTERM, then SIGKILL to what is left of a server's process group
 
 
-def run_step(kind: str, run_dir: Path) -> int:
+def run_step(kind: str, run_dir: Path, tag: str | None = None) -> int:
     kinds.get(kind)  # an unknown kind: ConfigError
     topology = load_topology(run_dir / "topology.yaml")
     host = socket.gethostname()
     node = os.environ.get("SLURMD_NODENAME", host)
-    print(f"engine step on {node}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}", flush=True)
+    tag = tag or node  # names its engines, logs and caches: a grow job's differ from the run's own on one node
+    print(f"engine step {tag} on {node}: CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}", flush=True)
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopping.append(signum))
@@ -52,7 +55,7 @@ def run_step(kind: str, run_dir: Path) -> int:
     sock = None
     servers: list[tuple[procs.Child, int]] = []
     try:
-        _start_servers(kind, topology, run_dir, node, security.engine_env(run_dir), servers)
+        _start_servers(kind, topology, run_dir, tag, security.engine_env(run_dir), servers)
         urls = [_wait_healthy(child, port, host, topology, stopping) for child, port in servers]
         key = security.engine_api_key(run_dir)
         for (child, port), url in zip(servers, urls):
@@ -63,7 +66,7 @@ def run_step(kind: str, run_dir: Path) -> int:
         if sock is None:
             return 0
         for i, url in enumerate(urls):
-            hello = wire.EngineHello(engine_id=f"{node}-{i}", url=url, weight_version=topology.engine.weight_version,
+            hello = wire.EngineHello(engine_id=f"{tag}-{i}", url=url, weight_version=topology.engine.weight_version,
                                      host=host)
             sock.send(wire.encode(hello))
         print(f"registered {', '.join(urls)}", flush=True)
@@ -72,40 +75,40 @@ def run_step(kind: str, run_dir: Path) -> int:
                 if child.proc.poll() is not None:
                     print(f"{child.name} exited with code {child.proc.returncode}:\n{child.tail()}", flush=True)
                     return 1
-            sock.send(wire.encode(wire.Heartbeat(sender=node, t=time.time())))
+            sock.send(wire.encode(wire.Heartbeat(sender=tag, t=time.time())))
             if sock.poll(int(topology.gateway.heartbeat_s * 1000)) and _shutdown(sock):
                 break
         return 0
     finally:
         if sock is not None:
             for i in range(len(servers)):
-                sock.send(wire.encode(wire.EngineBye(engine_id=f"{node}-{i}")))
+                sock.send(wire.encode(wire.EngineBye(engine_id=f"{tag}-{i}")))
             sock.close(linger=1000)
         procs.stop([child for child, _ in servers], grace_s=procs.stop_budget(STOP_GRACE_S))
 
 
-def _start_servers(kind: str, topology: Topology, run_dir: Path, node: str, base_env: dict[str, str],
+def _start_servers(kind: str, topology: Topology, run_dir: Path, tag: str, base_env: dict[str, str],
                    servers: list[tuple[procs.Child, int]]) -> None:
-    """Start the node's servers, appending each to `servers` as it starts (so all are stopped)."""
+    """Start the step's servers, appending each to `servers` as it starts (so all are stopped)."""
     engine, logs, launch = topology.engine, run_dir / "logs", kinds.get(kind).launch
     if launch is None:  # the scripted engine: one CPU server
         port = _free_port()
-        args = command.scripted(engine, run_dir, port=port, host="0.0.0.0", node=node)
-        servers.append((procs.spawn(f"engine-{node}", args, logs / f"engine-{node}.log", base_env), port))
+        args = command.scripted(engine, run_dir, port=port, host="0.0.0.0", node=tag)
+        servers.append((procs.spawn(f"engine-{tag}", args, logs / f"engine-{tag}.log", base_env), port))
         return
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     for i, devices in enumerate(split_devices(visible, topology.slurm.gpu.gpus, engine.tp_size)):
-        env = launch.environment(base_env, run_dir / "cache" / f"engine-{node}-{i}")
+        env = launch.environment(base_env, run_dir / "cache" / f"engine-{tag}-{i}")
         if devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = devices
         port = engine.port + i
         if identity.port_taken(port):
-            raise ChildFailed(f"{kind} server {i}: port {port} (engine.port + {i}) on {node} is already taken "
+            raise ChildFailed(f"{kind} server {i}: port {port} (engine.port + {i}) on {tag} is already taken "
                                     "by another process; this run serves only an engine it started: free the port "
                                     "or set engine.port")
         argv = launch.command(engine, "0.0.0.0", port)
         try:
-            servers.append((procs.spawn_command(f"{kind}-{node}-{i}", argv, logs / f"engine-{node}-{i}.log", env), port))
+            servers.append((procs.spawn_command(f"{kind}-{tag}-{i}", argv, logs / f"engine-{tag}-{i}.log", env), port))
         except OSError as e:  # engine.python missing or not executable
             raise ChildFailed(f"{kind} server {i}: cannot run {argv[0]}: {e.strerror}") from None
 
@@ -163,9 +166,9 @@ def _connect(run_dir: Path, stopping: list) -> zmq.Socket | None:
     return sock
 
 
-def main(kind: str, run_dir: Path) -> None:
+def main(kind: str, run_dir: Path, tag: str | None = None) -> None:
     try:
-        code = run_step(kind, run_dir)
+        code = run_step(kind, run_dir, tag)
     except ChildFailed as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         code = 1

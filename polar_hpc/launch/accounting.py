@@ -8,18 +8,24 @@
   allocated `gres/gpu` and `cpu` (AllocTRES). A life still running counts up to now (End
   `Unknown`). One `sacct` call, bounded in time (`TIMEOUT_S`) and output (`MAX_BYTES`); where it
   fails (no accounting on the cluster) `AccountingUnavailable` says sacct's own words.
-- `slot_gpu_s(run_dir, session_s)`: GPU-seconds of session time a stop cut short (or a decided
-  group's tail ran), as the run's GPUs per session slot (the share of the engines each slot had)
-  times those seconds.
+- `slot_gpu_s(run_dir, session_s, found)`: GPU-seconds of session time a stop cut short (or a
+  decided group's tail ran), as the run's GPUs per session slot (the share of the engines each slot
+  had) times those seconds. Where the run has grow jobs that share is over time, from their lives
+  (`found`, else sacct's): every life's GPU-seconds over its session-slot-seconds (ElapsedRaw times
+  the job's gateway nodes times `gateway.pools.run`: the main job's `slurm.cpu.nodes`, a grow job's
+  from `journal/grow.jsonl`), summed over the run's jobs; else (no grow job, or sacct cannot tell)
+  the main job's GPUs over its session slots.
 - `idle_gpu_s(run_dir)`: GPU-seconds the engines sat with no request running or waiting, from the
-  orchestrator's engine readings in metrics.jsonl (`observe.idle`), as the run's GPUs per engine
-  times those engine-seconds.
+  orchestrator's engine readings in metrics.jsonl (`observe.idle`), as the GPUs of one engine
+  (`gpus_per_engine`: a grow job's engines are shaped as the run's) times those engine-seconds.
 - `account(run_dir)`: the jobs the run's driver journal names (its `start` events) and its grow
   jobs (`journal/grow.jsonl`, launch/grow.py), their lives since the run was made (its `topology.yaml`),
   and the run's products as `RunReader` reads them (accepted trajectories, trainable tokens),
   with GPU-hours and CPU-hours per accepted trajectory and the GPU-seconds known wasted (`cut` by
-  stops, `discarded_by_overprovisioning`, `idle_engines`). `write(run_dir, figures)` saves it in one rename,
-  never through a link; the dashboard shows it (`RunReader.accounting`).
+  stops, `discarded_by_overprovisioning`, `idle_engines`, and `aborted_by_updates`: the seconds of
+  the calls engines aborted for weight updates in accepted trajectories, times the GPUs per slot).
+  `write(run_dir, figures)` saves it in one rename, never through a link; the dashboard shows it
+  (`RunReader.accounting`).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 
 from polar_hpc import nofollow
 from polar_hpc.config import Topology, load_topology
+from polar_hpc.engines import kinds
 from polar_hpc.errors import ToolFailed
 from polar_hpc.launch import grow
 from polar_hpc.observe.idle import EngineIdle, engine_idle
@@ -97,29 +104,75 @@ def _gpus(topology: Topology) -> int:
     return gpu.nodes * (int(count) if count.isdigit() else gpu.gpus)
 
 
-def slot_gpu_s(run_dir: Path, session_s: float) -> tuple[float, int, int]:
-    """(GPU-seconds, GPUs, session slots) of `session_s` session-seconds (cut short by stops, or
-    discarded by over-provisioning): the run's GPUs per session slot times those seconds."""
+def slot_gpu_s(run_dir: Path, session_s: float, found: list[dict[str, Any]] | None = None,
+               sacct: str = "sacct") -> tuple[float, str]:
+    """(GPU-seconds, how the share per slot was found) of `session_s` session-seconds (cut short by
+    stops, or discarded by over-provisioning): the run's GPUs per session slot times those seconds."""
     topology = load_topology(run_dir / "topology.yaml")
-    gpus, slots = _gpus(topology), topology.slurm.cpu.nodes * topology.gateway.pools.run
-    return session_s * gpus / max(1, slots), gpus, slots
+    slots, grown = _slots(run_dir, topology), grow.jobs(run_dir)
+    if grown and found is None:
+        try:
+            found = run_lives(run_dir, sacct)
+        except AccountingUnavailable:
+            found = []
+    counted = [life for life in (found or []) if life["job"] in slots] if grown else []
+    gpu_s = sum(life["gpu_s"] for life in counted)
+    slot_s = sum(life["elapsed_s"] * slots[life["job"]] for life in counted)
+    if slot_s > 0 and any(life["job"] in grown for life in counted):
+        return (session_s * gpu_s / slot_s,
+                f"{gpu_s:.0f} GPU-seconds / {slot_s:.0f} session-slot-seconds over {len(counted)} job lives")
+    gpus, main = _gpus(topology), topology.slurm.cpu.nodes * topology.gateway.pools.run
+    return session_s * gpus / max(1, main), f"{gpus} GPUs / {main} session slots"
 
 
-def idle_gpu_s(run_dir: Path) -> tuple[float, EngineIdle, int]:
-    """(GPU-seconds, the engines' idle figures, GPUs) the engines spent with no request running or
-    waiting: their idle engine-seconds times the run's GPUs per engine (over the most engines up)."""
-    topology = load_topology(run_dir / "topology.yaml")
-    idle, gpus = engine_idle(run_dir, topology.metrics.interval_s), _gpus(topology)
-    return idle.idle_s * gpus / max(1, idle.most_up), idle, gpus
+def _slots(run_dir: Path, topology: Topology) -> dict[str, int]:
+    """Session slots of each of the run's jobs: its gateway nodes times `gateway.pools.run`."""
+    per_node = topology.gateway.pools.run
+    slots = {job: topology.slurm.cpu.nodes * per_node for job in _main_jobs(run_dir)}
+    for e in read_jsonl(run_dir / "journal" / grow.JOURNAL):  # a start's nodes are what the job got
+        if e.get("job") and (e.get("event") == "start" and isinstance(e.get("nodes"), list)
+                             or e.get("event") == "submitted" and str(e["job"]) not in slots):
+            nodes = e["nodes"]
+            slots[str(e["job"])] = (len(nodes) if isinstance(nodes, list) else int(nodes or 0)) * per_node
+    return slots
 
 
-def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
-    jobs = list(dict.fromkeys(str(e["job"]) for e in read_jsonl(run_dir / "journal" / "driver.jsonl")
+def _main_jobs(run_dir: Path) -> list[str]:
+    return list(dict.fromkeys(str(e["job"]) for e in read_jsonl(run_dir / "journal" / "driver.jsonl")
                               if e.get("event") == "start" and e.get("job")))
+
+
+def run_lives(run_dir: Path, sacct: str = "sacct") -> list[dict[str, Any]]:
+    """Every life of the run's jobs, its main jobs' then its grow jobs' (`lives`); AccountingUnavailable
+    where no job has started or sacct cannot tell."""
+    jobs = _main_jobs(run_dir)
     jobs += [j for j in grow.jobs(run_dir) if j not in jobs]
     if not jobs:
         raise AccountingUnavailable("no Slurm job has started for this run")
-    found = lives(jobs, (run_dir / "topology.yaml").stat().st_mtime - 1, sacct)
+    return lives(jobs, (run_dir / "topology.yaml").stat().st_mtime - 1, sacct)
+
+
+def idle_gpu_s(run_dir: Path) -> tuple[float, EngineIdle, float]:
+    """(GPU-seconds, the engines' idle figures, GPUs per engine) the engines spent with no request
+    running or waiting: their idle engine-seconds times the GPUs of one engine."""
+    topology = load_topology(run_dir / "topology.yaml")
+    idle, per_engine = engine_idle(run_dir, topology.metrics.interval_s), gpus_per_engine(topology)
+    return idle.idle_s * per_engine, idle, per_engine
+
+
+def gpus_per_engine(topology: Topology) -> float:
+    """The GPUs of one engine server, the run's own or a grow job's (both shaped like `slurm.gpu`):
+    a GPU node's GPUs over its servers (one scripted engine; `gpus / tp_size` SGLang or vLLM
+    servers, `engines.step`)."""
+    per_node = _gpus(topology) / max(1, topology.slurm.gpu.nodes)
+    scripted = kinds.get(topology.engine.kind).launch is None
+    return per_node / (1 if scripted else max(1, int(per_node) // topology.engine.tp_size))
+
+
+def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
+    found = run_lives(run_dir, sacct)
+    jobs = list(dict.fromkeys(life["job"] for life in found))
+    jobs += [j for j in _main_jobs(run_dir) + grow.jobs(run_dir) if j not in jobs]
     reader = RunReader(run_dir)
     reader.poll()
     o = reader.overview()
@@ -133,8 +186,11 @@ def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
         "accepted_trajectories": accepted, "trainable_tokens": o["trainable_tokens"], "tokens": o["tokens"],
         "gpu_hours_per_accepted": gpu_h / accepted if accepted else None,
         "cpu_hours_per_accepted": cpu_h / accepted if accepted else None,
-        "wasted_gpu_s": {"cut_by_stops": slot_gpu_s(run_dir, p.cut_s)[0] if p.cut else 0.0,
-                         "discarded_by_overprovisioning": slot_gpu_s(run_dir, p.discarded_s)[0] if p.discarded else 0.0,
+        "wasted_gpu_s": {"cut_by_stops": slot_gpu_s(run_dir, p.cut_s, found)[0] if p.cut else 0.0,
+                         "discarded_by_overprovisioning": slot_gpu_s(run_dir, p.discarded_s, found)[0]
+                         if p.discarded else 0.0,
+                         "aborted_by_updates": slot_gpu_s(run_dir, o["aborted_call_s"], found)[0]
+                         if o["aborted_call_s"] else 0.0,
                          "idle_engines": idle_gpu_s(run_dir)[0]},
     }
 

@@ -291,15 +291,22 @@ def _record(run_dir: Path, event: str, **fields) -> None:
 def _start_steps(sup: Supervisor, run_dir: Path, topology, endpoint: str) -> None:
     """One engine step per GPU node, one gateway step per CPU node, each restarted up to
     `slurm.step_restarts` times."""
-    steps = []
-    for node in nodes(0):
-        argv = ["srun", "--het-group=0", "--overlap", *_ONE, f"--nodelist={node}", f"--cpus-per-task={topology.slurm.gpu.cpus}"]
-        argv += _POLAR + ["engine", "--kind", topology.engine.kind, "--run-dir", str(run_dir)]
-        steps.append((f"engine-{node}", argv, dict(os.environ), run_dir / "logs" / f"step-engine-{node}.log"))
+    steps = [engine_step(run_dir, node, node, topology.engine.kind, topology.slurm.gpu.cpus, ["--het-group=0"])
+             for node in nodes(0)]
     for node in nodes(1):
         steps.append(gateway_step(run_dir, node, node, endpoint, topology.slurm.cpu.cpus, ["--het-group=1"]))
     for name, argv, env, log in steps:
         sup.add(name, functools.partial(procs.spawn_command, name, argv, log, env), restarts=topology.slurm.step_restarts)
+
+
+def engine_step(run_dir: Path, node: str, tag: str, kind: str, cpus: int,
+                srun_flags: list[str]) -> tuple[str, list[str], dict[str, str], Path]:
+    """(name, argv, environment, log) of an engine step on `node`, the run's (`tag` = the node) or a
+    grow job's (launch/member.py, `tag` = g<job>-<node>): named `engine-<tag>`, its engines
+    `<tag>-<i>`, log `logs/step-engine-<tag>.log`; `--overlap`, as it shares its node with the batch step."""
+    argv = ["srun", *srun_flags, "--overlap", *_ONE, f"--nodelist={node}", f"--cpus-per-task={cpus}"]
+    argv += _POLAR + ["engine", "--kind", kind, "--run-dir", str(run_dir), "--tag", tag]
+    return f"engine-{tag}", argv, dict(os.environ), run_dir / "logs" / f"step-engine-{tag}.log"
 
 
 def gateway_step(run_dir: Path, node: str, tag: str, endpoint: str, cpus: int,

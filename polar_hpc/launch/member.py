@@ -1,24 +1,28 @@
 """The member driver of a grow job (`polar-hpc grow`, launch/grow.py): the job's batch step.
 
-`serve(run_dir)` starts one gateway step per node of the job (`srun`, gateway id
-`gw-g<job>-<node>`, `driver.gateway_step`, watched by the run's one supervisor with
-`slurm.step_restarts` restarts) against the endpoint in `<run>/rendezvous.json`, with the run's
-gateway key, as the run's own gateways are. It waits while there is no endpoint (the main job
-pending, or between two lives); when the endpoint changes or goes (a new life, a new orchestrator)
-it stops its gateways (SIGTERM: they drain within the stop budget) and starts them again with the
-new one. A gateway that exits 0 was let go by its orchestrator (Shutdown): it is not restarted
-until the endpoint changes. The orchestrator treats them as any gateway: a leaving one's cancelled
-sessions are journaled `interrupted` and run again, a silent one's are requeued, each once.
+`serve(run_dir, roles)` starts one step per node of each of the job's components (`roles`, in
+het-group order: `engine`, `gateway`), with the builders the run's own driver uses: an engine step
+(`driver.engine_step`, engines `g<job>-<node>-<i>`) or a gateway step (`driver.gateway_step`,
+gateway id `gw-g<job>-<node>`), each watched by the run's one supervisor with `slurm.step_restarts`
+restarts. They join the orchestrator in `<run>/rendezvous.json` with the run's engine or gateway
+key, as the run's own steps do. It waits while there is no endpoint (the main job pending, or
+between two lives); when the endpoint changes or goes (a new life, a new orchestrator) it stops its
+steps (SIGTERM: gateways drain within the stop budget, engines deregister) and starts them again
+for the new one. A step that exits 0 was let go by its orchestrator (Shutdown): it is not restarted
+until the endpoint changes. The orchestrator treats them as any of its own: a leaving gateway's
+cancelled sessions are journaled `interrupted` and run again, a silent one's are requeued, each
+once; a leaving engine is dropped from every proxy's routing (EngineBye), and a call it can no
+longer answer is retried on another engine.
 
 It ends when the run's main job (`<run>/job.json`) is no longer queued or running and no endpoint
 is up: exit 0 when the driver journal's last word is `end` with outcome `finished`, else 1
-(`run_stopped`); or when every gateway step used its restarts (`gave_up`, 1); or on a signal
-(scancel, preemption, the time limit, the job's `--signal`): the gateways get SIGTERM at once and
+(`run_stopped`); or when every gateway (or every engine) step used its restarts (`gave_up`, 1); or
+on a signal (scancel, preemption, the time limit, the job's `--signal`): the steps get SIGTERM at once and
 SIGKILL after the stop budget B (a third of KillWait, or `slurm.stop_budget_s`), outcome
 `signal` (1; `left` and 0 for SIGUSR2, the job's own signal before its time limit).
 
 Each life of the grow job appends to `<run>/journal/grow.jsonl` (never `driver.jsonl`, the main
-job's story): `start` {job, restart, nodes, stop_budget_s}, `joined` {job, endpoint} per
+job's story): `start` {job, restart, nodes (the gateway nodes), engine_nodes, stop_budget_s}, `joined` {job, endpoint} per
 orchestrator it joins, and `end` {job, outcome, why, code, stopped_in_s}.
 """
 
@@ -33,7 +37,7 @@ from pathlib import Path
 
 from polar_hpc import nofollow, procs
 from polar_hpc.config import load_topology
-from polar_hpc.launch.driver import gateway_step, kill_wait_s, nodes
+from polar_hpc.launch.driver import engine_step, gateway_step, kill_wait_s, nodes
 from polar_hpc.launch.grow import JOURNAL
 from polar_hpc.launch.rundir import append_event, resolve
 from polar_hpc.launch.slurm import ACTIVE, job_state
@@ -43,7 +47,10 @@ from polar_hpc.orchestrator.journal import read_jsonl
 MAIN_CHECK_S = 5.0  # how often squeue is asked about the main job while no endpoint is up
 
 
-def serve(run_dir: Path) -> int:
+ROLES = ("engine", "gateway")
+
+
+def serve(run_dir: Path, roles: tuple[str, ...] = ("gateway",)) -> int:
     run_dir = Path(run_dir).resolve()
     topology = load_topology(run_dir / "topology.yaml")
     signals: list[int] = []
@@ -52,11 +59,10 @@ def serve(run_dir: Path) -> int:
     job = os.environ.get("SLURM_JOB_ID", "local")
     budget = topology.slurm.stop_budget_s or kill_wait_s() / 3
     os.environ[procs.STOP_BUDGET_ENV] = f"{budget:g}"
-    hosts = nodes(0)
+    hosts = {role: nodes(group) for group, role in enumerate(roles)}
     journal = run_dir / "journal" / JOURNAL
-    append_event(journal, "start", job=job, restart=os.environ.get("SLURM_RESTART_COUNT", "0"), nodes=hosts,
-                 stop_budget_s=round(budget, 3))
-    cpus = int(os.environ.get("SLURM_CPUS_PER_TASK") or topology.slurm.cpu.cpus)
+    append_event(journal, "start", job=job, restart=os.environ.get("SLURM_RESTART_COUNT", "0"),
+                 nodes=hosts.get("gateway", []), engine_nodes=hosts.get("engine", []), stop_budget_s=round(budget, 3))
     outcome, why, stopped_in = "error", "the member driver failed (its traceback: the job's output)", None
     joined: dict | None = None  # the rendezvous whose orchestrator the gateways were started for
     sup: Supervisor | None = None
@@ -69,16 +75,17 @@ def serve(run_dir: Path) -> int:
                 sup = None
             if sup is None and current is not None and current != joined:
                 joined, sup = current, Supervisor(say=lambda line: print(line, flush=True))
-                for node in hosts:
-                    name, argv, env, log = gateway_step(run_dir, node, f"g{job}-{node}", current["endpoint"], cpus, [])
+                for name, argv, env, log in _steps(run_dir, topology, roles, hosts, job, current["endpoint"]):
                     sup.add(name, functools.partial(procs.spawn_command, name, argv, log, env),
                             restarts=topology.slurm.step_restarts, done_on_success=True)
                 append_event(journal, "joined", job=job, endpoint=current["endpoint"])
-                print(f"joined the orchestrator at {current['endpoint']} with {len(hosts)} gateways", flush=True)
+                print(f"joined the orchestrator at {current['endpoint']} with "
+                      + ", ".join(f"{len(h)} {role}s" for role, h in hosts.items()), flush=True)
             if sup is not None:
                 sup.poll()
-                if sup.given_up("gateway"):
-                    outcome, why = "gave_up", f"every gateway step failed {topology.slurm.step_restarts + 1} times"
+                failed = next((role for role in roles if sup.given_up(role)), None)
+                if failed:
+                    outcome, why = "gave_up", f"every {failed} step failed {topology.slurm.step_restarts + 1} times"
                     break
             if current is None and time.monotonic() - checked >= MAIN_CHECK_S:
                 checked = time.monotonic()
@@ -101,6 +108,22 @@ def serve(run_dir: Path) -> int:
         code = 0 if outcome in ("finished", "left") else 1
         append_event(journal, "end", job=job, outcome=outcome, why=why, code=code, stopped_in_s=stopped_in)
     return code
+
+
+def _steps(run_dir: Path, topology, roles: tuple[str, ...], hosts: dict[str, list[str]], job: str,
+           endpoint: str) -> list[tuple[str, list[str], dict[str, str], Path]]:
+    """The job's steps, one per node of each component (`--het-group` where the job has several)."""
+    steps = []
+    for group, role in enumerate(roles):
+        het = [f"--het-group={group}"] if len(roles) > 1 else []
+        given = os.environ.get(f"SLURM_CPUS_PER_TASK_HET_GROUP_{group}" if len(roles) > 1 else "SLURM_CPUS_PER_TASK")
+        cpus = int(given or (topology.slurm.gpu if role == "engine" else topology.slurm.cpu).cpus)
+        for node in hosts[role]:
+            if role == "engine":
+                steps.append(engine_step(run_dir, node, f"g{job}-{node}", topology.engine.kind, cpus, het))
+            else:
+                steps.append(gateway_step(run_dir, node, f"g{job}-{node}", endpoint, cpus, het))
+    return steps
 
 
 def _rendezvous(run_dir: Path) -> dict | None:

@@ -168,16 +168,15 @@ def waste(run_dir: Path, p: Progress) -> list[str]:
     for what, n, seconds in (("cut by stops", p.cut, p.cut_s), ("discarded by over-provisioning", p.discarded,
                                                                  p.discarded_s)):
         if n:
-            wasted, gpus, slots = accounting.slot_gpu_s(run_dir, seconds)
-            lines.append(f"{what}: {n} sessions, {seconds:.0f} session-seconds, wasted "
-                         f"{wasted:.0f} GPU-seconds ({gpus} GPUs / {slots} session slots)")
-    wasted, idle, gpus = accounting.idle_gpu_s(run_dir)
+            wasted, per_slot = accounting.slot_gpu_s(run_dir, seconds)
+            lines.append(f"{what}: {n} sessions, {seconds:.0f} session-seconds, wasted {wasted:.0f} GPU-seconds ({per_slot})")
+    wasted, idle, per_engine = accounting.idle_gpu_s(run_dir)
     if idle.idle_s:
         share = idle.idle_s / (idle.idle_s + idle.busy_s)
         on_slurm = nofollow.is_file(run_dir / "journal" / "driver.jsonl")  # a local run's engines hold no GPUs
         lines.append(f"idle engines: {idle.idle_s:.0f} engine-seconds with no request running or waiting "
-                     f"({share:.0%} of their time)" + (f", wasted {wasted:.0f} GPU-seconds ({gpus} GPUs / "
-                                                       f"{idle.most_up} engines)" if on_slurm else ""))
+                     f"({share:.0%} of their time)" + (f", wasted {wasted:.0f} GPU-seconds ({per_engine:g} GPUs "
+                                                       "per engine)" if on_slurm else ""))
     return lines
 
 

@@ -116,7 +116,7 @@ class RunReader:
             "eta_s": 0.0 if finished else (left / rate if rate > 0 else None),
             "stages": s.occupancy(),
             "trajectories": t.count, "pending": len(t.pending), "strays": t.strays,
-            "tokens": t.tokens, "trainable_tokens": t.trainable, "calls": t.calls,
+            "tokens": t.tokens, "trainable_tokens": t.trainable, "calls": t.calls, "aborted_call_s": t.aborted_s,
             "tokens_per_s": t.tokens / elapsed if elapsed > 0 else 0.0,
             "requeues": s.requeues,
             "chain_breaks": t.chain_breaks.total(),

@@ -4,7 +4,8 @@
 sealed since the last poll, found through the writers' indexes (`shards/index/*.jsonl`, plus a
 listing of `shards/` every `list_every_s` for a shard a killed writer left unindexed). Each record
 the journal accepts (`decisions`) adds its tokens, trainable tokens (loss mask 1), reward, chain
-breaks, weight versions, calls and stage seconds (`metadata.timings`) to the figures and to
+breaks, weight versions, calls, stage seconds (`metadata.timings`) and the seconds of calls an
+engine aborted for a weight update (`aborted_s`, from `metadata.aborted_attempts`) to the figures and to
 `series`; a record the journal has not decided yet is held (its place only) and counted once its
 key's result names it; one it decided against is a stray. Memory is bounded: aggregates, plus one
 small row per trajectory for the browser (the latest `max_rows`). `trajectory(row_id)` reads one
@@ -38,6 +39,7 @@ class TrajectoryFigures:
         self.pending: list[tuple[str, int, tuple[str, int], str]] = []  # (shard, offset, key, session)
         self.tasks: dict[str, dict[str, Any]] = {}
         self.tokens = self.trainable = self.count = self.strays = self.calls = 0
+        self.aborted_s = 0.0
         self.versions: Counter[str] = Counter()
         self.stage_seconds: dict[str, Stat] = {}
         self.chain_breaks = Kinds(max_kinds=50)
@@ -111,6 +113,10 @@ class TrajectoryFigures:
             self.versions.update(tr.weight_versions)
         for why in meta.get("chain_breaks") or []:
             self.chain_breaks.add(kind_of(str(why)), f"{traj.session_id}: {str(why)[:300]}")
+        for note in (meta.get("aborted_attempts") or {}).values():
+            seconds = note.get("seconds") if isinstance(note, dict) else None
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds > 0:
+                self.aborted_s += float(seconds)
         for stage, seconds in (meta.get("timings") or {}).items():
             if isinstance(seconds, (int, float)):
                 self.stage_seconds.setdefault(str(stage), Stat()).add(float(seconds))

@@ -8,8 +8,10 @@
   `Retry-After: 1` and `x-should-retry: true`, the body in the API's error shape (the openai and
   anthropic SDKs retry it). The stream began: the API's own error event, then the end of the
   stream.
-- An aborted attempt leaves no record; `summary(versions)` is what the session's next record
-  carries in meta["aborted_attempts"]: `{"count": n, "versions": [weight version of each]}`.
+- An aborted attempt leaves no record; `summary(attempts)` ((weight version, seconds) of each) is
+  what the session's next record carries in meta["aborted_attempts"]: `{"count": n, "versions":
+  [weight version of each], "seconds": the time from their calls' starts to their aborts, summed}`
+  (the engine time they took for nothing; observe.trajectories sums it over accepted trajectories).
 """
 
 from __future__ import annotations
@@ -70,5 +72,6 @@ async def answer(api, error: Aborted, stream: web.StreamResponse | None, events)
     return stream
 
 
-def summary(versions: list[str]) -> dict[str, Any]:
-    return {"count": len(versions), "versions": list(versions)}
+def summary(attempts: list[tuple[str, float]]) -> dict[str, Any]:
+    return {"count": len(attempts), "versions": [v for v, _ in attempts],
+            "seconds": round(sum(s for _, s in attempts), 3)}

@@ -52,7 +52,8 @@ gateway that started it is gone.
   `tokenizer` or, once an engine answers, the engine's /get_model_info `tokenizer_path`) or passthrough
   (`passthrough.Passthrough`); engines chosen by `routing.Router`.
 - A call the engine aborts (weight update in `abort` mode) gets a retryable error (`aborted`): no
-  record; the session's next record carries meta["aborted_attempts"].
+  record; the session's next record carries meta["aborted_attempts"] (their count, weight versions
+  and seconds from the call's start to the abort).
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ class _Session:
     n_calls: int = 0
     open: bool = True
     calls: set[_InFlight] = field(default_factory=set)
-    aborted: list[str] = field(default_factory=list)  # weight versions of attempts aborted since the last record
+    aborted: list[tuple[str, float]] = field(default_factory=list)  # (weight version, seconds) of attempts
+    # aborted since the last record
     listener: relay.Listener | None = None  # the one its sandbox handed over, if any
 
 
@@ -385,7 +387,7 @@ class _Proxy:
                      session.session_id)
             return flight.sent
         except aborted.Aborted as e:
-            session.aborted.append(e.weight_version)
+            session.aborted.append((e.weight_version, time.time() - t_start))
             return await aborted.answer(api, e, flight.sent, events)
         except BadRequest as e:  # found while rendering: nothing was streamed yet
             return _json(400, api.error_body(400, str(e), "invalid_request", e.param))

@@ -15,7 +15,7 @@ A trace's messages and tools are those of its last call (its request plus the as
 Metadata: {"builder", "calls", "chains", "chain_breaks", "apis", "streamed_calls"}, plus what the
 proxy noted: "history_restarts" (calls whose re-sent history matched no earlier chain, and why),
 "retried" (call index -> engines that failed it before another answered) and "aborted_attempts"
-(call index -> {"count", "versions"} of the attempts an engine aborted for a weight update before
+(call index -> {"count", "versions", "seconds"} of the attempts an engine aborted for a weight update before
 it). A record whose logprobs are not aligned with its output ids, an unknown kind or an
 unsupported api raises ValueError.
 """

@@ -29,8 +29,24 @@ def test_grow_dry_run_is_one_plain_job_running_the_member_driver(calculator_dir:
     for line in ("#SBATCH --nodes=3", "#SBATCH --partition=scavenger", "#SBATCH --time=30:00", "#SBATCH --qos=low",
                  "#SBATCH --ntasks-per-node=1", f"#SBATCH --output={run_dir}/logs/grow-%j.out", "#SBATCH --requeue"):
         assert line in lines, out.stdout
-    assert lines[-1] == f"exec PYTHON -m polar_hpc member --run-dir {run_dir}"
+    assert lines[-1] == f"exec PYTHON -m polar_hpc member --run-dir {run_dir} --roles gateway"
     assert not (run_dir / "journal" / "grow.jsonl").exists()  # nothing submitted
+
+
+def test_grow_dry_run_with_engines_is_a_hetjob_engines_first(calculator_dir: Path, tmp_path: Path) -> None:
+    run_dir = _prepared(calculator_dir, tmp_path)
+    both = polar("grow", run_dir, "--engines", "2", "--nodes", "1", "--dry-run")
+    assert both.returncode == 0, both.stderr
+    lines = both.stdout.replace(sys.executable, "PYTHON").splitlines()
+    split = lines.index("#SBATCH hetjob")  # component 0: the engine nodes, shaped like slurm.gpu; 1: the gateways
+    assert {"#SBATCH --nodes=2", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
+            "#SBATCH --signal=B:USR2@120"} <= set(lines[:split])
+    assert "#SBATCH --nodes=1" in lines[split:] and not any("gpus" in x or "signal" in x for x in lines[split:])
+    assert lines[-1] == f"exec PYTHON -m polar_hpc member --run-dir {run_dir} --roles engine,gateway"
+    alone = polar("grow", run_dir, "--engines", "1", "--nodes", "0", "--dry-run")
+    lines = alone.stdout.replace(sys.executable, "PYTHON").splitlines()
+    assert "#SBATCH hetjob" not in lines and "#SBATCH --gpus-per-node=8" in lines, alone.stdout
+    assert lines[-1] == f"exec PYTHON -m polar_hpc member --run-dir {run_dir} --roles engine"
 
 
 def test_bad_grow_and_shrink_requests_are_one_line_errors(calculator_dir: Path, tmp_path: Path) -> None:
@@ -38,7 +54,9 @@ def test_bad_grow_and_shrink_requests_are_one_line_errors(calculator_dir: Path, 
     env = dict(os.environ, POLAR_HPC_HOME=str(tmp_path / "home"))
     cases = [
         (["grow", run_dir], "the run has no job queued or running (job none)"),  # never submitted
-        (["grow", run_dir, "--nodes", "0"], "--nodes and --cpus must be at least 1"),
+        (["grow", run_dir, "--nodes", "0"], "--nodes and --engines must not be negative nor both 0, --cpus at least 1"),
+        (["grow", run_dir, "--engines", "-1"], "--nodes and --engines must not be negative"),
+        (["member", "--run-dir", run_dir, "--roles", "gateway,gpu"], "member --roles 'gateway,gpu': a comma list of"),
         (["grow", tmp_path / "nothing-here"], "neither a run directory nor a job id"),
         (["shrink", run_dir, "123"], "job 123 is not a grow job of this run (its grow jobs: none)"),
     ]

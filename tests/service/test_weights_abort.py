@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from polar_hpc.client import Client
+from polar_hpc.observe.run import RunReader
 from polar_hpc.shards.reader import iter_trajectories
 
 from e2e.helpers import sampled_runs
@@ -52,6 +53,7 @@ def test_abort_mode_update_loses_no_session(tmp_path: Path) -> None:
     trajectories = list(iter_trajectories(run_dir))
     assert len(trajectories) == SESSIONS and all(t.status == "completed" for t in trajectories)
     aborted: list[str] = []
+    aborted_s = 0.0
     recorded_v0 = 0
     for traj in trajectories:
         assert len(traj.traces) == 1 and traj.traces[0].call_indices == [0, 1]  # both turns, one chain
@@ -61,6 +63,8 @@ def test_abort_mode_update_loses_no_session(tmp_path: Path) -> None:
             if index in notes:  # a retried call ran on the new weights
                 assert version == "v1" and notes[index]["count"] == len(notes[index]["versions"])
                 aborted += notes[index]["versions"]
+                assert notes[index]["seconds"] > 0  # each began before the update: engine time lost
+                aborted_s += notes[index]["seconds"]
             recorded_v0 += version == "v0"
         for call, (start, end) in zip(trace.call_indices, sampled_runs(trace.loss_mask.tolist())):
             # token-exact: each sampled span is the whole sample of the surviving attempt
@@ -73,5 +77,8 @@ def test_abort_mode_update_loses_no_session(tmp_path: Path) -> None:
     v0_begun = sum(s["weight_version"] == "v0" for s in samples)
     assert aborted and set(aborted) == {"v0"}  # the update aborted calls in flight, begun on v0
     assert v0_begun == recorded_v0 + len(aborted)  # every v0 generation: recorded, or aborted and retried
+    reader = RunReader(run_dir)
+    reader.poll()
+    assert reader.overview()["aborted_call_s"] == pytest.approx(aborted_s)  # accounting's aborted_by_updates
     journal = [json.loads(line) for line in (run_dir / "journal" / "orchestrator.jsonl").read_text().splitlines()]
     assert [(e["weight_version"], e["mode"]) for e in journal if e["event"] == "weights_update"] == [("v1", "abort")]

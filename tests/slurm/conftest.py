@@ -73,9 +73,10 @@ def job_gone(env: dict, job_id: str) -> bool:
     return out.returncode == 0 and not out.stdout.strip()
 
 
-def write_topology(path: Path, **engine) -> Path:
+def write_topology(path: Path, gpus: int = 2, extra: tuple[str, ...] = (), **engine) -> Path:
+    """A scripted-engine topology for the test cluster (`engine` keys under `engine:`, `extra` lines last)."""
     lines = ["engine:", "  kind: scripted"] + [f"  {k}: {v}" for k, v in engine.items()]
     lines += ["gateway:", "  heartbeat_s: 0.5", "  peer_timeout_s: 3", "slurm:", '  time: "10:00"',
-              "  gpu: {nodes: 1, gpus: 2, cpus: 1}", "  cpu: {nodes: 1, cpus: 2}", "  signal_s: 30"]
+              f"  gpu: {{nodes: 1, gpus: {gpus}, cpus: 1}}", "  cpu: {nodes: 1, cpus: 2}", "  signal_s: 30", *extra]
     path.write_text("\n".join(lines) + "\n")
     return path

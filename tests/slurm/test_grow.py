@@ -1,8 +1,9 @@
 """`polar-hpc grow` on a real Slurm: a grow job's gateway joins a running run, takes sessions, is
 stopped by Slurm mid-run (`polar-hpc shrink`: scancel, as a preemption stops it), and the run still
-ends COMPLETED with every (task, sample) exactly once; a grow job follows the run's job through a
-requeue into its next life and ends with the run; a grow job shrunk while still PENDING is cancelled
-and never starts, the run untouched."""
+ends COMPLETED with every (task, sample) exactly once; a grow job's engine registers, serves calls
+and deregisters when shrunk, the run ending the same way, its GPU-seconds in the run's cost; a grow
+job follows the run's job through a requeue into its next life and ends with the run; a grow job
+shrunk while still PENDING is cancelled and never starts, the run untouched."""
 
 from __future__ import annotations
 
@@ -31,19 +32,8 @@ def _held_by(run_dir: Path, gateway: str) -> tuple[int, int]:
 def test_a_grown_gateway_takes_work_and_leaves_on_scancel_with_nothing_lost(slurm, tmp_path: Path,
                                                                             calculator_dir: Path) -> None:
     n = 40
-    tasks = _calculator(tmp_path, calculator_dir, n)
-    text = tasks.read_text().replace("timeout_s: 60", "timeout_s: 300")  # two gateways on 2 busy cores
-    # samples take 2, 12, 22, 32 s in turn: when a gateway ends one, it still runs others
-    staggered = "command: 's=${POLAR_SESSION_ID##*#}; sleep $((2 + ${s%%.*} % 4 * 10)) && python agent.py'"
-    tasks.write_text(text.replace("command: python agent.py", staggered))
-    assert "sleep $((" in tasks.read_text()
-    job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=30)
-    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
-    out = _polar(slurm, "grow", job_id, "--nodes", "1", "--cpus", "2")
-    assert out.returncode == 0, out.stderr
-    grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
-    node = wait_for("the grow job to start", lambda: next(
-        (e["nodes"][0] for e in _grow_events(run_dir) if e["event"] == "start"), None), 180)
+    job_id, run_dir = _staggered(slurm, tmp_path, calculator_dir, n, 4)  # when a gateway ends one, it runs others
+    grow, node = _grown(slurm, run_dir, job_id, "nodes", "--nodes", "1", "--cpus", "2")
     gateway = f"gw-g{grow}-{node}"
     wait_for(f"{gateway} to finish a session and hold others", lambda: _held_by(run_dir, gateway)[1] > 0 and any(
         r["session"] in _assigned_to(run_dir, gateway) for r in results(run_dir)), 120, 0.2)
@@ -68,6 +58,62 @@ def test_a_grown_gateway_takes_work_and_leaves_on_scancel_with_nothing_lost(slur
     assert grow in json.loads((run_dir / "accounting.json").read_text())["jobs"]
     shown = RunReader(run_dir).overview()["jobs"]  # the dashboard's list
     assert [(j["job"], j["kind"], j["outcome"]) for j in shown] == [(job_id, "main", "finished"), (grow, "grow", "signal")]
+
+
+@pytest.mark.timeout(360)  # two jobs, 12 sessions of up to 22 s, on a busy 2-core machine
+def test_a_grown_engine_serves_calls_and_leaves_on_scancel_with_nothing_lost(slurm, tmp_path: Path,
+                                                                             calculator_dir: Path) -> None:
+    """A grow job of an engine node and a gateway node (a hetjob, engines first) beside the run's job."""
+    n = 12
+    # sessions keep starting after the engine joins; one of n0's 2 GPUs is left for the grow job; the
+    # task's samples go to the least loaded engine, not their group's
+    job_id, run_dir = _staggered(slurm, tmp_path, calculator_dir, n, 2, gpus=1, extra=("proxy: {affinity_slack: 0}",),
+                                 sample_log="true")
+    grow, node = _grown(slurm, run_dir, job_id, "engine_nodes", "--engines", "1", "--nodes", "1", "--cpus", "1")
+    (gateway_node,) = next(e["nodes"] for e in _grow_events(run_dir) if e["event"] == "start")
+    engine, gateway = f"g{grow}-{node}-0", f"gw-g{grow}-{gateway_node}"
+    wait_for(f"{engine} and {gateway} to register", lambda: {(e["event"], e.get("engine", e.get("gateway"))) for e in journal(
+        run_dir)} >= {("engine_up", engine), ("gateway_up", gateway)}, 120, 0.2)  # each step got its component's CPUs
+    samples = run_dir / "logs" / f"engine-samples-g{grow}-{node}.jsonl"  # what the grown engine generated
+    wait_for(f"{engine} to serve calls", lambda: samples.exists() and samples.read_text().count("\n") >= 2, 120, 0.2)
+    shrink = _polar(slurm, "shrink", run_dir)
+    assert shrink.returncode == 0 and f"scancel sent to grow job {grow}" in shrink.stdout, shrink
+    wait_for("the grow job to end", lambda: job_gone(slurm, grow), 60)
+    wait_for("the run's job to end", lambda: job_gone(slurm, job_id), 240)
+    _check_exactly_once(run_dir, n)
+    downs = [e for e in journal(run_dir) if e["event"] == "engine_down" and e["engine"] == engine]
+    assert [e["reason"] for e in downs] == ["deregistered"], downs  # it said goodbye, it did not go silent
+    ends = [(e["job"], e["outcome"]) for e in _grow_events(run_dir) if e["event"] == "end"]
+    assert ends == [(grow, "signal")], ends
+    assert f"engine step g{grow}-{node} on {node}" in (run_dir / "logs" / f"step-engine-g{grow}-{node}.log").read_text()
+    assert _sacct_state(slurm, job_id).startswith(f"{job_id}+0|COMPLETED|0:0")  # the main job untouched
+    wait_for("status to list the grow job", lambda: f"grow job {grow}: CANCELLED" in _polar(slurm, "status", run_dir).stdout, 30)
+    cost = json.loads((run_dir / "accounting.json").read_text())
+    (life,) = [x for x in cost["lives"] if x["job"] == grow]
+    assert (life["gpu_s"], life["cpu_s"]) == (life["elapsed_s"], 2 * life["elapsed_s"]), life  # 1 GPU, 1 + 1 CPUs
+    assert cost["gpu_hours"] == pytest.approx(sum(x["gpu_s"] for x in cost["lives"]) / 3600)
+
+
+def _staggered(slurm: dict, tmp_path: Path, calculator_dir: Path, n: int, kinds: int, **submit) -> tuple[str, Path]:
+    """A run of `n` calculator samples, sample s sleeping 2 + (s % kinds) * 10 s before its agent, once
+    it has a first result: (its job, its run directory)."""
+    tasks = _calculator(tmp_path, calculator_dir, n)
+    text = tasks.read_text().replace("timeout_s: 60", "timeout_s: 300")  # two gateways (engines) on 2 busy cores
+    staggered = f"command: 's=${{POLAR_SESSION_ID##*#}}; sleep $((2 + ${{s%%.*}} % {kinds} * 10)) && python agent.py'"
+    tasks.write_text(text.replace("command: python agent.py", staggered))
+    assert "sleep $((" in tasks.read_text()
+    job_id, run_dir = _submit(slurm, tmp_path, tasks, token_delay_ms=30, **submit)
+    wait_for("a first result", lambda: results(run_dir), 120, 0.2)
+    return job_id, run_dir
+
+
+def _grown(slurm: dict, run_dir: Path, target: str, nodes: str, *args: str) -> tuple[str, str]:
+    """`polar-hpc grow TARGET ARGS`, started: (the grow job, its first node of `nodes` in its start event)."""
+    out = _polar(slurm, "grow", target, *args)
+    assert out.returncode == 0, out.stderr
+    grow = re.search(r"submitted grow job (\d+)", out.stdout).group(1)
+    return grow, wait_for("the grow job to start", lambda: next(
+        (e[nodes][0] for e in _grow_events(run_dir) if e["event"] == "start" and e[nodes]), None), 180)
 
 
 def _grow_events(run_dir: Path) -> list[dict]:

@@ -26,9 +26,10 @@ def _polar(env: dict, *args) -> subprocess.CompletedProcess:
                           text=True, timeout=60)
 
 
-def _submit(env: dict, tmp_path: Path, tasks: Path, **engine) -> tuple[str, Path]:
+def _submit(env: dict, tmp_path: Path, tasks: Path, gpus: int = 2, extra: tuple[str, ...] = (),
+            **engine) -> tuple[str, Path]:
     run_dir = tmp_path / "run"
-    out = _polar(env, "submit", "-c", write_topology(tmp_path / "topology.yaml", **engine), "--tasks", tasks,
+    out = _polar(env, "submit", "-c", write_topology(tmp_path / "topology.yaml", gpus, extra, **engine), "--tasks", tasks,
                  "--run-dir", run_dir)
     assert out.returncode == 0, out.stderr
     job_id = re.search(r"submitted job (\d+)", out.stdout).group(1)
