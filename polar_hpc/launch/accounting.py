@@ -8,20 +8,24 @@
   allocated `gres/gpu` and `cpu` (AllocTRES). A life still running counts up to now (End
   `Unknown`). One `sacct` call, bounded in time (`TIMEOUT_S`) and output (`MAX_BYTES`); where it
   fails (no accounting on the cluster) `AccountingUnavailable` says sacct's own words.
-- `slot_gpu_s(run_dir, session_s, found)`: GPU-seconds of session time a stop cut short (or a
-  decided group's tail ran), as the run's GPUs per session slot (the share of the engines each slot
-  had) times those seconds. Where the run has grow jobs that share is over time, from their lives
-  (`found`, else sacct's): every life's GPU-seconds over its session-slot-seconds (ElapsedRaw times
-  the job's gateway nodes times `gateway.pools.run`: the main job's `slurm.cpu.nodes`, a grow job's
-  from `journal/grow.jsonl`), summed over the run's jobs; else (no grow job, or sacct cannot tell)
-  the main job's GPUs over its session slots.
-- `idle_gpu_s(run_dir)`: GPU-seconds the engines sat with no request running or waiting, from the
-  orchestrator's engine readings in metrics.jsonl (`observe.idle`), as the GPUs of one engine
-  (`gpus_per_engine`: a grow job's engines are shaped as the run's) times those engine-seconds.
-- `account(run_dir)`: the jobs the run's driver journal names (its `start` events) and its grow
+- `read(run_dir)`: the inputs of every cost figure, each read once (`Costs`: the topology, the
+  journal's progress, the run's lives from sacct or why not, the engines' idle figures from
+  metrics.jsonl, the GPUs of one engine and of one session slot). `status` and `account` share it.
+  - `Costs.slot_gpu_s(session_s)`: GPU-seconds of session time a stop cut short (or a decided
+    group's tail ran, or an engine aborted for an update), as the run's GPUs per session slot (the
+    share of the engines each slot had) times those seconds. Where the run has grow jobs that share
+    is over time, from their lives: every life's GPU-seconds over its session-slot-seconds
+    (ElapsedRaw times the job's gateway nodes times `gateway.pools.run`: the main job's
+    `slurm.cpu.nodes`, a grow job's from `journal/grow.jsonl`), summed over the run's jobs; else (no
+    grow job, or sacct cannot tell) the main job's GPUs over its session slots.
+  - `Costs.idle_gpu_s`: GPU-seconds the engines sat with no request running or waiting, from the
+    orchestrator's engine readings in metrics.jsonl (`observe.idle`), as the GPUs of one engine
+    (`gpus_per_engine`: a grow job's engines are shaped as the run's) times those engine-seconds.
+- `account(run_dir, costs)`: the jobs the run's driver journal names (its `start` events) and its grow
   jobs (`journal/grow.jsonl`, launch/grow.py), their lives since the run was made (its `topology.yaml`),
   and the run's products as `RunReader` reads them (accepted trajectories, trainable tokens),
-  with GPU-hours and CPU-hours per accepted trajectory and the GPU-seconds known wasted (`cut` by
+  with GPU-hours and CPU-hours per accepted trajectory (AccountingUnavailable where sacct could not
+  tell) and the GPU-seconds known wasted (`cut` by
   stops, `discarded_by_overprovisioning`, `idle_engines`, and `aborted_by_updates`: the seconds of
   the calls engines aborted for weight updates in accepted trajectories, times the GPUs per slot).
   `write(run_dir, figures)` saves it in one rename, never through a link; the dashboard shows it
@@ -34,6 +38,7 @@ import json
 import os
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +49,7 @@ from polar_hpc.errors import ToolFailed
 from polar_hpc.launch import grow
 from polar_hpc.observe.idle import EngineIdle, engine_idle
 from polar_hpc.observe.run import ACCOUNTING, RunReader
-from polar_hpc.orchestrator.journal import progress, read_jsonl
+from polar_hpc.orchestrator.journal import Progress, progress, read_jsonl
 
 TIMEOUT_S = 30.0
 MAX_BYTES = 4 << 20
@@ -104,25 +109,47 @@ def _gpus(topology: Topology) -> int:
     return gpu.nodes * (int(count) if count.isdigit() else gpu.gpus)
 
 
-def slot_gpu_s(run_dir: Path, session_s: float, found: list[dict[str, Any]] | None = None,
-               sacct: str = "sacct") -> tuple[float, str]:
-    """(GPU-seconds, how the share per slot was found) of `session_s` session-seconds (cut short by
-    stops, or discarded by over-provisioning): the run's GPUs per session slot times those seconds."""
+@dataclass
+class Costs:
+    topology: Topology
+    progress: Progress
+    lives: list[dict[str, Any]] | None  # every life of the run's jobs (`run_lives`); None where sacct cannot tell
+    unavailable: str  # why `lives` is None
+    idle: EngineIdle
+    per_engine: float  # GPUs of one engine server
+    per_slot: float  # GPUs per session slot
+    how: str  # how `per_slot` was found, in words
+
+    def slot_gpu_s(self, session_s: float) -> float:
+        return session_s * self.per_slot
+
+    @property
+    def idle_gpu_s(self) -> float:
+        return self.idle.idle_s * self.per_engine
+
+
+def read(run_dir: Path, sacct: str = "sacct") -> Costs:
     topology = load_topology(run_dir / "topology.yaml")
+    try:
+        found, why = run_lives(run_dir, sacct), ""
+    except AccountingUnavailable as e:
+        found, why = None, str(e)
+    per_slot, how = _share(run_dir, topology, found or [])
+    return Costs(topology, progress(run_dir), found, why, engine_idle(run_dir, topology.metrics.interval_s),
+                 gpus_per_engine(topology), per_slot, how)
+
+
+def _share(run_dir: Path, topology: Topology, found: list[dict[str, Any]]) -> tuple[float, str]:
+    """(GPUs per session slot, how it was found): over the lives of the run's jobs where it has grow
+    jobs, else the main job's shape."""
     slots, grown = _slots(run_dir, topology), grow.jobs(run_dir)
-    if grown and found is None:
-        try:
-            found = run_lives(run_dir, sacct)
-        except AccountingUnavailable:
-            found = []
-    counted = [life for life in (found or []) if life["job"] in slots] if grown else []
+    counted = [life for life in found if life["job"] in slots] if grown else []
     gpu_s = sum(life["gpu_s"] for life in counted)
     slot_s = sum(life["elapsed_s"] * slots[life["job"]] for life in counted)
     if slot_s > 0 and any(life["job"] in grown for life in counted):
-        return (session_s * gpu_s / slot_s,
-                f"{gpu_s:.0f} GPU-seconds / {slot_s:.0f} session-slot-seconds over {len(counted)} job lives")
+        return gpu_s / slot_s, f"{gpu_s:.0f} GPU-seconds / {slot_s:.0f} session-slot-seconds over {len(counted)} job lives"
     gpus, main = _gpus(topology), topology.slurm.cpu.nodes * topology.gateway.pools.run
-    return session_s * gpus / max(1, main), f"{gpus} GPUs / {main} session slots"
+    return gpus / max(1, main), f"{gpus} GPUs / {main} session slots"
 
 
 def _slots(run_dir: Path, topology: Topology) -> dict[str, int]:
@@ -152,14 +179,6 @@ def run_lives(run_dir: Path, sacct: str = "sacct") -> list[dict[str, Any]]:
     return lives(jobs, (run_dir / "topology.yaml").stat().st_mtime - 1, sacct)
 
 
-def idle_gpu_s(run_dir: Path) -> tuple[float, EngineIdle, float]:
-    """(GPU-seconds, the engines' idle figures, GPUs per engine) the engines spent with no request
-    running or waiting: their idle engine-seconds times the GPUs of one engine."""
-    topology = load_topology(run_dir / "topology.yaml")
-    idle, per_engine = engine_idle(run_dir, topology.metrics.interval_s), gpus_per_engine(topology)
-    return idle.idle_s * per_engine, idle, per_engine
-
-
 def gpus_per_engine(topology: Topology) -> float:
     """The GPUs of one engine server, the run's own or a grow job's (both shaped like `slurm.gpu`):
     a GPU node's GPUs over its servers (one scripted engine; `gpus / tp_size` SGLang or vLLM
@@ -169,14 +188,16 @@ def gpus_per_engine(topology: Topology) -> float:
     return per_node / (1 if scripted else max(1, int(per_node) // topology.engine.tp_size))
 
 
-def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
-    found = run_lives(run_dir, sacct)
+def account(run_dir: Path, costs: Costs) -> dict[str, Any]:
+    if costs.lives is None:
+        raise AccountingUnavailable(costs.unavailable)
+    found = costs.lives
     jobs = list(dict.fromkeys(life["job"] for life in found))
     jobs += [j for j in _main_jobs(run_dir) + grow.jobs(run_dir) if j not in jobs]
     reader = RunReader(run_dir)
     reader.poll()
     o = reader.overview()
-    p = progress(run_dir)
+    p = costs.progress
     gpu_h = sum(life["gpu_s"] for life in found) / 3600
     cpu_h = sum(life["cpu_s"] for life in found) / 3600
     accepted = o["trajectories"]
@@ -186,12 +207,10 @@ def account(run_dir: Path, sacct: str = "sacct") -> dict[str, Any]:
         "accepted_trajectories": accepted, "trainable_tokens": o["trainable_tokens"], "tokens": o["tokens"],
         "gpu_hours_per_accepted": gpu_h / accepted if accepted else None,
         "cpu_hours_per_accepted": cpu_h / accepted if accepted else None,
-        "wasted_gpu_s": {"cut_by_stops": slot_gpu_s(run_dir, p.cut_s, found)[0] if p.cut else 0.0,
-                         "discarded_by_overprovisioning": slot_gpu_s(run_dir, p.discarded_s, found)[0]
-                         if p.discarded else 0.0,
-                         "aborted_by_updates": slot_gpu_s(run_dir, o["aborted_call_s"], found)[0]
-                         if o["aborted_call_s"] else 0.0,
-                         "idle_engines": idle_gpu_s(run_dir)[0]},
+        "wasted_gpu_s": {"cut_by_stops": costs.slot_gpu_s(p.cut_s) if p.cut else 0.0,
+                         "discarded_by_overprovisioning": costs.slot_gpu_s(p.discarded_s) if p.discarded else 0.0,
+                         "aborted_by_updates": costs.slot_gpu_s(o["aborted_call_s"]),
+                         "idle_engines": costs.idle_gpu_s},
     }
 
 

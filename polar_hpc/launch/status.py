@@ -37,7 +37,7 @@ from polar_hpc.launch import accounting, grow
 from polar_hpc.launch.rundir import resolve
 from polar_hpc.launch.slurm import ACTIVE, job_state
 from polar_hpc.observe.run import RunReader
-from polar_hpc.orchestrator.journal import Progress, progress, read_jsonl
+from polar_hpc.orchestrator.journal import read_jsonl
 
 
 def ask(run_dir: Path, msg: wire.Message, timeout_s: float = 3.0) -> wire.AnyMessage | None:
@@ -73,10 +73,11 @@ def show(target: str, console: Console) -> None:
         grown, grown_code = job_state(job)
         console.print(f"grow job {job}: {grown}" + (f" (exit code {grown_code})" if grown_code else ""))
     reply = ask(run_dir, wire.StatusRequest())
+    costs = accounting.read(run_dir)
     if not isinstance(reply, wire.StatusReply):
-        for line in story(run_dir, job_id, state):
+        for line in story(run_dir, job_id, state, costs):
             console.print(escape(line), soft_wrap=True)
-        console.print(escape(cost(run_dir)), soft_wrap=True)
+        console.print(escape(cost(run_dir, costs)), soft_wrap=True)
         return
     table = Table("kind", "name", "host", "up", "load", "detail")
     for m in reply.members:
@@ -87,12 +88,12 @@ def show(target: str, console: Console) -> None:
     if reply.versions_in_flight:
         console.print(f"weight versions in flight: {_states(reply.versions_in_flight)}")
     console.print(f"throughput {reply.sessions_per_s * 60:.1f} sessions/min, ETA {eta}, tokens {reply.tokens}")
-    for line in waste(run_dir, progress(run_dir)):
+    for line in waste(run_dir, costs):
         console.print(escape(line), soft_wrap=True)
     url = json.loads(nofollow.read_text(run_dir / "rendezvous.json")).get("metrics_url")
     if url:
         console.print(f"Prometheus: {url} (its bearer token: metrics_token in {run_dir / 'rendezvous.json'})")
-    console.print(escape(cost(run_dir)), soft_wrap=True)
+    console.print(escape(cost(run_dir, costs)), soft_wrap=True)
 
 
 def watch_run(target: str, console: Console, every_s: float = 2.0) -> None:
@@ -131,11 +132,11 @@ def _view(reader: RunReader, job_id: str | None) -> Group:
     return Group(head, ProgressBar(total=max(1, o["total"]), completed=o["done"]), stages, figures, tasks, errors)
 
 
-def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
+def story(run_dir: Path, job_id: str | None, state: str, costs: accounting.Costs) -> list[str]:
     """What happened to a run whose orchestrator does not answer, from its files."""
-    p = progress(run_dir)
+    p = costs.progress
     lines = [f"orchestrator not reachable; from the journal: {sum(p.ended.values())} of {p.total} sessions "
-             f"ended ({_states(dict(p.ended))}), {p.left} never ended"] + waste(run_dir, p)
+             f"ended ({_states(dict(p.ended))}), {p.left} never ended"] + waste(run_dir, costs)
     lives = read_jsonl(run_dir / "journal" / "driver.jsonl")
     last = lives[-1] if lives else None
     if state in ACTIVE:
@@ -158,32 +159,32 @@ def story(run_dir: Path, job_id: str | None, state: str) -> list[str]:
     return lines
 
 
-def waste(run_dir: Path, p: Progress) -> list[str]:
+def waste(run_dir: Path, costs: accounting.Costs) -> list[str]:
     """Sessions held by walltime admission, the GPU time lost to attempts a stop cut short or a
     decided group's tail ran (their seconds since dispatch times the run's GPUs per session slot, the
-    share of the engines each had), and the GPU time engines sat idle (`accounting.idle_gpu_s`)."""
-    lines = []
+    share of the engines each had), and the GPU time engines sat idle (`Costs.idle_gpu_s`)."""
+    p, lines = costs.progress, []
     if p.held:
         lines.append(f"held: {p.held} sessions not started, their timeout_s cannot end before the allocation does")
     for what, n, seconds in (("cut by stops", p.cut, p.cut_s), ("discarded by over-provisioning", p.discarded,
                                                                  p.discarded_s)):
         if n:
-            wasted, per_slot = accounting.slot_gpu_s(run_dir, seconds)
-            lines.append(f"{what}: {n} sessions, {seconds:.0f} session-seconds, wasted {wasted:.0f} GPU-seconds ({per_slot})")
-    wasted, idle, per_engine = accounting.idle_gpu_s(run_dir)
+            lines.append(f"{what}: {n} sessions, {seconds:.0f} session-seconds, wasted "
+                         f"{costs.slot_gpu_s(seconds):.0f} GPU-seconds ({costs.how})")
+    idle = costs.idle
     if idle.idle_s:
         share = idle.idle_s / (idle.idle_s + idle.busy_s)
         on_slurm = nofollow.is_file(run_dir / "journal" / "driver.jsonl")  # a local run's engines hold no GPUs
         lines.append(f"idle engines: {idle.idle_s:.0f} engine-seconds with no request running or waiting "
-                     f"({share:.0%} of their time)" + (f", wasted {wasted:.0f} GPU-seconds ({per_engine:g} GPUs "
-                                                       "per engine)" if on_slurm else ""))
+                     f"({share:.0%} of their time)" + (f", wasted {costs.idle_gpu_s:.0f} GPU-seconds "
+                                                       f"({costs.per_engine:g} GPUs per engine)" if on_slurm else ""))
     return lines
 
 
-def cost(run_dir: Path) -> str:
+def cost(run_dir: Path, costs: accounting.Costs) -> str:
     """The run's cost from Slurm's accounting, in a line, also saved as `<run>/accounting.json`."""
     try:
-        figures = accounting.account(run_dir)
+        figures = accounting.account(run_dir, costs)
     except accounting.AccountingUnavailable as e:
         return f"cost: not known ({e})"
     try:

@@ -35,7 +35,7 @@ def _run(tmp_path: Path, grown: bool) -> tuple[Path, str]:
         (run / "journal" / "grow.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     sacct = tmp_path / "sacct"
     rows = [r for r in ROWS if grown or r.startswith("7+")]
-    sacct.write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path / 'asked'}\nprintf '%s\\n' " + " ".join(f"'{r}'" for r in rows) + "\n")
+    sacct.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'asked'}\nprintf '%s\\n' " + " ".join(f"'{r}'" for r in rows) + "\n")
     sacct.chmod(0o755)
     return run, str(sacct)
 
@@ -47,17 +47,19 @@ def test_grow_jobs_lives_count_and_share_the_gpus_per_session_slot(tmp_path: Pat
     assert [(x["job"], x["elapsed_s"], x["gpu_s"], x["cpu_s"]) for x in found] == [
         ("7", 100, 200, 300), ("9", 50, 0, 100), ("10", 40, 40, 40)]
     # GPU-seconds 200 + 0 + 40 = 240 over session-slot-seconds 100 * 4 + 50 * 4 + 40 * 0 = 600: 0.4 GPUs per slot
-    wasted, how = accounting.slot_gpu_s(run, 30.0, sacct=sacct)
-    assert wasted == pytest.approx(30 * 0.4) and how == "240 GPU-seconds / 600 session-slot-seconds over 3 job lives"
-    assert accounting.slot_gpu_s(run, 30.0, found)[0] == pytest.approx(12.0)  # the lives account() read
-    figures = accounting.account(run, sacct)
+    (tmp_path / "asked").unlink()
+    costs = accounting.read(run, sacct)
+    assert costs.lives == found and len((tmp_path / "asked").read_text().splitlines()) == 1  # sacct asked once
+    assert costs.slot_gpu_s(30.0) == pytest.approx(30 * 0.4)
+    assert costs.how == "240 GPU-seconds / 600 session-slot-seconds over 3 job lives"
+    figures = accounting.account(run, costs)
     assert figures["jobs"] == ["7", "9", "10", "11"] and len(figures["lives"]) == 3
     assert (figures["gpu_hours"], figures["cpu_hours"]) == (pytest.approx(240 / 3600), pytest.approx(440 / 3600))
 
 
 def test_without_grow_jobs_the_share_is_the_main_jobs_shape(tmp_path: Path) -> None:
     run, sacct = _run(tmp_path, grown=False)
-    assert accounting.slot_gpu_s(run, 30.0, sacct=sacct) == (30 * 2 / 4, "2 GPUs / 4 session slots")
-    assert not (tmp_path / "asked").exists()  # no sacct asked for it
-    figures = accounting.account(run, sacct)
+    costs = accounting.read(run, sacct)
+    assert (costs.slot_gpu_s(30.0), costs.how) == (30 * 2 / 4, "2 GPUs / 4 session slots")  # the lives are not the share
+    figures = accounting.account(run, costs)
     assert (figures["gpu_hours"], figures["cpu_hours"]) == (pytest.approx(200 / 3600), pytest.approx(300 / 3600))

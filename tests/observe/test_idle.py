@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from polar_hpc.launch.accounting import idle_gpu_s
+from polar_hpc.launch import accounting
 from polar_hpc.launch.status import story
 from polar_hpc.observe.idle import engine_idle
 
@@ -36,9 +36,9 @@ def test_idle_engine_seconds_are_counted_between_lines(tmp_path: Path) -> None:
     idle = engine_idle(tmp_path, interval_s=5.0)
     assert (idle.idle_s, idle.busy_s, idle.most_up, idle.partial) == (5 + 5 + 3 + 3, 5 + 5, 2, False)
     (tmp_path / "topology.yaml").write_text("slurm:\n  gpu:\n    nodes: 2\n    gpus: 4\n")
-    assert idle_gpu_s(tmp_path)[0] == 16 * 4  # a scripted engine per node of 4 GPUs
+    assert accounting.read(tmp_path).idle_gpu_s == 16 * 4  # a scripted engine per node of 4 GPUs
     (tmp_path / "topology.yaml").write_text("engine:\n  kind: vllm\n  tp_size: 2\nslurm:\n  gpu:\n    nodes: 2\n    gpus: 4\n")
-    assert idle_gpu_s(tmp_path)[0] == 16 * 2  # 2 servers of tp_size 2 per node, as many on a grow job's node
+    assert accounting.read(tmp_path).idle_gpu_s == 16 * 2  # 2 servers of tp_size 2 per node, as many on a grow job's node
 
 
 def test_a_linked_metrics_log_is_not_read(tmp_path: Path) -> None:
@@ -57,8 +57,9 @@ def test_status_of_a_slurm_run_states_the_idle_gpu_seconds(tmp_path: Path) -> No
     (tmp_path / "topology.yaml").write_text("engine:\n  kind: sglang\nslurm:\n  gpu:\n    nodes: 1\n    gpus: 2\n")
     (tmp_path / "journal").mkdir()
     (tmp_path / "tasks.jsonl").write_text("")
-    local = [line for line in story(tmp_path, None, "") if line.startswith("idle engines")]
+    local = [line for line in story(tmp_path, None, "", accounting.read(tmp_path)) if line.startswith("idle engines")]
     assert local == ["idle engines: 16 engine-seconds with no request running or waiting (62% of their time)"]
     (tmp_path / "journal" / "driver.jsonl").write_text(json.dumps({"event": "start", "job": "7"}) + "\n")
-    (line,) = [line for line in story(tmp_path, "7", "") if line.startswith("idle engines")]
+    costs = accounting.read(tmp_path, sacct="/nonexistent/sacct")  # no accounting: the idle figures stand alone
+    (line,) = [line for line in story(tmp_path, "7", "", costs) if line.startswith("idle engines")]
     assert line.endswith("(62% of their time), wasted 16 GPU-seconds (1 GPUs per engine)"), line  # 2 servers of 1 GPU

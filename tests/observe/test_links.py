@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_hpc.launch.status import ask, story
+from polar_hpc.launch.status import ask
 from polar_hpc.observe.metrics import MetricsLog
 from polar_hpc.observe.run import RunReader
 from polar_hpc.orchestrator.journal import Journal, progress, read_jsonl
@@ -84,5 +84,5 @@ def test_no_reader_or_writer_follows_a_link_in_the_run_dir(finished_run: Path, t
     with pytest.raises(OSError):
         Journal(run)
     with pytest.raises(OSError):
-        story(run, None, "")
+        progress(run)  # what status tells of a run whose orchestrator does not answer
     assert _contents(away) == before  # nothing written through a link
