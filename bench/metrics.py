@@ -1,7 +1,7 @@
 """What metrics cost the proxy: throughput with metrics on and off, on the same scripted engine, in one run.
 
-One scripted engine and two tito proxies in front of it, alike but for the environment variable
-`polar_hpc.metrics.ENV`: `on` counts every call and sends a snapshot every second (as a run with
+One scripted engine and two tito proxies in front of it, alike but for their launch's
+`metrics_s` (`wire.ProxyLaunch`): `on` counts every call and sends a snapshot every second (as a run with
 `metrics.enabled: true` does; a snapshot also goes at each session's close, which this bench's
 stand-in gateway never asks for), `off` counts nothing (`metrics.enabled: false`). Both ship a
 CallRecord per call (with its engine and proxy milliseconds) to the stand-in gateway of
@@ -33,10 +33,10 @@ from pathlib import Path
 
 import aiohttp
 
-from polar_hpc import metrics, procs
+from polar_hpc import procs
 from rounds import Gateway, positive, proxy_args, run_round, start  # bench/rounds.py
 
-TARGETS = {"on": "1", "off": "0"}  # proxy id: its snapshot interval (0: metrics off)
+TARGETS = {"on": 1.0, "off": 0.0}  # proxy id: its snapshot interval (0: metrics off)
 MIN_SESSIONS = 64
 
 
@@ -82,8 +82,7 @@ def cost(concurrency: list[int], rounds: int, seed: int) -> dict:
         results: dict = {}
         try:
             for proxy_id, every_s in TARGETS.items():
-                os.environ[metrics.ENV] = every_s  # the proxy's environment: metrics on or off
-                child, url = start(proxy_id, proxy_args(proxy_id, tmp, engine_url, "tito"), tmp)
+                child, url = start(proxy_id, proxy_args(proxy_id, tmp, engine_url, "tito", metrics_s=every_s), tmp)
                 children.append(child)
                 pids[proxy_id] = child.proc.pid
                 urls[proxy_id] = url + "/v1/chat/completions"
@@ -100,7 +99,6 @@ def cost(concurrency: list[int], rounds: int, seed: int) -> dict:
                 print(f"c={c}: {json.dumps(results[f'c{c}'])}", file=sys.stderr, flush=True)
             gateway.wait_records(expected)
         finally:
-            os.environ.pop(metrics.ENV, None)
             gateway.close()
             procs.stop(children[::-1])
     results["seed"] = seed

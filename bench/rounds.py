@@ -91,12 +91,12 @@ def free_port() -> int:
 
 
 def proxy_args(name: str, tmp: Path, engine_url: str, mode: str, engine_kind: str = "scripted",
-               model: str = "polar-scripted") -> list[str]:
+               model: str = "polar-scripted", metrics_s: float = 0.0) -> list[str]:
     """`polar-hpc proxy`'s arguments for a proxy `name` of the Gateway at ipc://TMP/gw.ipc, as a
     gateway writes them (a topology's defaults but `mode`)."""
     launch = wire.ProxyLaunch(gateway=f"ipc://{tmp}/gw.ipc", engine_urls=[engine_url], model=model,
                               engine_kind=engine_kind, heartbeat_s=1.0, peer_timeout_s=10.0,
-                              settings=wire.ProxySettings(mode=mode), proxy_id=name)
+                              settings=wire.ProxySettings(mode=mode), proxy_id=name, metrics_s=metrics_s)
     return ["proxy", launch.argument()]
 
 

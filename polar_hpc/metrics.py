@@ -17,9 +17,9 @@ snapshot every `every_s`, and when a session ends (the proxy's on closing it, th
 its Result), at most one per MIN_GAP_S: one that would come sooner goes at the next heartbeat; so
 the orchestrator's figures trail a run's last sessions by at most a heartbeat.
 
-Metrics are on unless the topology says `metrics.enabled: false`; the gateway tells its proxy by
-the environment variable `ENV` (the snapshot interval in seconds, 0: off), so a proxy with
-metrics off does no counting at all. `check(msg, roles)` is the orchestrator's test of a received
+Metrics are on unless the topology says `metrics.enabled: false`; the gateway tells its proxy in
+its launch (`wire.ProxyLaunch.metrics_s`, the snapshot interval in seconds, 0: off), so a proxy
+with metrics off does no counting at all. `check(msg, roles)` is the orchestrator's test of a received
 snapshot: only known families of the role it names (one of `roles`), known labels, bounded counts and lengths,
 finite values; it returns why a snapshot is refused, or None.
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextvars
 import math
-import os
 import re
 import time
 from typing import Any
@@ -40,7 +39,6 @@ from polar_hpc import wire
 
 prometheus_client.disable_created_metrics()
 
-ENV = "POLAR_METRICS_S"
 MAX_SAMPLES = 2000  # in one snapshot: a proxy's or gateway's families need under 200
 MAX_LABEL = 128  # characters of a label value
 MIN_GAP_S = 0.25  # between two snapshots of one process: at most 4 a second, however fast sessions end
@@ -69,15 +67,6 @@ CATALOG: dict[str, tuple[str, str, tuple[str, ...]]] = {
 _SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
 _NAME = re.compile(r"polar_[a-z_]{1,80}")
 _KINDS = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}
-
-
-def interval(value: str | None = None) -> float:
-    """The snapshot interval the environment gives (0: metrics off)."""
-    try:
-        s = float(os.environ.get(ENV, "0") if value is None else value)
-    except ValueError:
-        return 0.0
-    return s if math.isfinite(s) and s > 0 else 0.0
 
 
 class Meter:
@@ -143,11 +132,6 @@ class ProxyMeter(Meter):
         self._prompt, self._sampled = tokens.labels("prompt"), tokens.labels("sampled")
         self._by_api: dict[tuple[str, Any], Any] = {}  # (api, mode) -> its labelled counter
         self._placed: dict[str, int] = {}  # the router's counts at the last `engines`
-
-    @classmethod
-    def from_env(cls, process: str) -> ProxyMeter | None:
-        every_s = interval()
-        return cls(process, every_s) if every_s else None
 
     def call(self, api: str, record: wire.CallRecord) -> None:
         meta = record.meta

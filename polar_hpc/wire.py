@@ -311,6 +311,7 @@ class ProxyLaunch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     proxy_id: str = "proxy"
     host: str = "127.0.0.1"  # address harnesses connect to
     relay_socket: str | None = None  # where sandboxes without network hand over their listeners (proxy/relay.py)
+    metrics_s: float = 0.0  # metrics.interval_s where metrics.enabled: its snapshot interval (0: it counts nothing)
 
     def argument(self) -> str:
         """This launch as the proxy's command-line argument."""

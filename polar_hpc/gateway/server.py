@@ -245,10 +245,10 @@ class _Gateway:
             gateway=endpoint, engine_urls=engine_urls, model=topo.engine.model, engine_kind=topo.engine.kind,
             heartbeat_s=topo.gateway.heartbeat_s, peer_timeout_s=topo.gateway.peer_timeout_s, settings=topo.proxy,
             proxy_id=f"{opts.gateway_id}-proxy", relay_socket=str(relay_socket),
+            metrics_s=topo.metrics.interval_s if topo.metrics.enabled else 0.0,
         )
         log_path = opts.run_dir / "logs" / f"proxy-{socket.gethostname()}-{opts.gateway_id}.log"
         env = security.engine_env(opts.run_dir) | {security.PROXY_LINK_ENV: self.proxy.link_id}
-        env[metrics.ENV] = str(topo.metrics.interval_s if topo.metrics.enabled else 0)
         return procs.spawn("proxy", ["proxy", launch.argument()], log_path, env)
 
     async def _wait_for_proxy(self, proxy_proc) -> None:

@@ -181,7 +181,7 @@ class _Proxy:
         self._bound: dict[Any, _Session] = {}  # connection (aiohttp's protocol) -> the session whose listener took it
         self._prune_at = 64
         self._connecting: set[asyncio.Task] = set()
-        self.meter = metrics.ProxyMeter.from_env(opts.proxy_id)  # None: metrics off
+        self.meter = metrics.ProxyMeter(opts.proxy_id, opts.metrics_s) if opts.metrics_s > 0 else None  # None: off
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body)

@@ -2,7 +2,7 @@
 
 `FakeGateway` owns a real ZeroMQ ROUTER bound on ipc in a thread: it heartbeats the proxy (unless
 `beating` is cleared), counts its heartbeats, keeps metrics snapshots for `wait_metrics` (sent
-only with `metrics.ENV` set), and queues every other message for `expect`.
+only by a proxy launched with `metrics_s`), and queues every other message for `expect`.
 `start_proxy` runs `polar-hpc proxy` and returns once its ready file names its URL; `Proxy.stop`
 stops it as its gateway does (Shutdown over the link; a signal alone leaves a proxy serving its
 open sessions for most of the stop budget).
@@ -188,12 +188,12 @@ class Proxy:
 
 def launch(gateway: FakeGateway, engine_url: str | list[str], name: str = "p", engine_kind: str = "scripted",
            heartbeat_s: float = 1.0, peer_timeout_s: float = 10.0, relay_socket: str | None = None,
-           **settings: object) -> wire.ProxyLaunch:
+           metrics_s: float = 0.0, **settings: object) -> wire.ProxyLaunch:
     """What a gateway would start a proxy with; `settings`: fields of the topology's `proxy:`."""
     return wire.ProxyLaunch(
         gateway=gateway.endpoint, engine_urls=[engine_url] if isinstance(engine_url, str) else engine_url,
         model=MODEL, engine_kind=engine_kind, heartbeat_s=heartbeat_s, peer_timeout_s=peer_timeout_s,
-        settings=wire.ProxySettings(**settings), proxy_id=name, relay_socket=relay_socket,
+        settings=wire.ProxySettings(**settings), proxy_id=name, relay_socket=relay_socket, metrics_s=metrics_s,
     )
 
 

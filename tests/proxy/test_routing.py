@@ -13,7 +13,7 @@ import urllib.request
 
 import openai
 
-from polar_hpc import metrics, wire
+from polar_hpc import wire
 from polar_hpc.engines import gauges
 
 from proxy.helpers import MODEL, FakeEngine, start_engine, start_proxy, stop, wait_gauge
@@ -77,12 +77,11 @@ def _chat(pool, client, sid: str) -> concurrent.futures.Future:
 
 
 def test_a_groups_next_sample_goes_where_its_prefix_is_cached_within_the_slack(
-    short_tmp, gateway, monkeypatch
+    short_tmp, gateway
 ) -> None:
     """Loads come from the engines' own gauges: e0 carries requests the proxy never sent."""
-    monkeypatch.setenv(metrics.ENV, "0.1")
     (e0, u0, _), (e1, u1, _) = (start_engine(short_tmp, name) for name in ("e0", "e1"))
-    proxy = start_proxy(short_tmp, gateway, [u0, u1], affinity_slack=2)
+    proxy = start_proxy(short_tmp, gateway, [u0, u1], affinity_slack=2, metrics_s=0.1)
     client = {}
     for sid, task in (("t#0", "t"), ("t#1", "t"), ("t#2", "t"), ("u#0", "u")):
         gateway.open(sid, sid, task)

@@ -9,7 +9,6 @@ import urllib.request
 import openai
 import pytest
 
-from polar_hpc import metrics
 from polar_hpc.engines import gauges
 from proxy.conftest import gateway, short_tmp  # noqa: F401 (fixtures)
 from proxy.helpers import MODEL, start_proxy
@@ -18,9 +17,8 @@ pytestmark = pytest.mark.timeout(900)  # the session's vLLM may start within a t
 SYSTEM = "You answer questions about arithmetic, briefly and exactly. " * 40  # several KV blocks
 
 
-def test_the_proxy_reports_vllms_prefix_cache_hit_rate(vllm, short_tmp, gateway, monkeypatch) -> None:  # noqa: F811
-    monkeypatch.setenv(metrics.ENV, "0.1")
-    proxy = start_proxy(short_tmp, gateway, vllm.url, mode="passthrough", engine_kind="vllm")
+def test_the_proxy_reports_vllms_prefix_cache_hit_rate(vllm, short_tmp, gateway) -> None:  # noqa: F811
+    proxy = start_proxy(short_tmp, gateway, vllm.url, mode="passthrough", engine_kind="vllm", metrics_s=0.1)
     try:
         gateway.open("s", "tok", "task")
         client = openai.OpenAI(base_url=proxy.base_url, api_key="tok", max_retries=0, timeout=600)
