@@ -106,6 +106,10 @@ def test_malformed_chat_answers_are_bad(answer) -> None:
 def test_an_abort_is_reported_as_such() -> None:
     event = {"choices": [{"token_ids": [], "logprobs": None, "finish_reason": "abort"}]}
     assert _read(VLLM, [event])[1].finish == "abort"
+    usage = {"id": "cmpl-r", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 0}}
+    assert _read(VLLM, [usage])[1].finish == "abort"  # vLLM streams no choice for a call aborted before a token
+    with pytest.raises(BadAnswer):  # tokens counted but none seen: a broken stream, not an abort
+        _read(VLLM, [{**usage, "usage": {"prompt_tokens": 2, "completion_tokens": 3}}])
     meta = {"output_token_logprobs": [], "finish_reason": {"type": "abort", "message": "update"}}
     assert _read(SGLANG, [{"text": "", "meta_info": meta}])[1].message == "update"
     with pytest.raises(ConfigError, match="not known"):

@@ -1,11 +1,13 @@
 """A real vLLM through its engine step and a real orchestrator (one vLLM for the module): the step
 starts it from `engine.python`, waits for /health and registers it; the run's key guards every route
 but /health (the weight-update routes included); weight updates in both modes while streamed calls
-are in flight: `wait` lets them finish, `abort` ends them aborted; greedy output changes with a
-perturbed checkpoint and comes back bit-identical (ids and logprobs) with the original; a path
-that holds no checkpoint fails the update and leaves the engine serving, unpaused, on its version;
-the versions the run reports are the ones the updates set; SIGTERM deregisters the server and
-leaves no process of it behind.
+are in flight: `wait` lets them finish; `abort` ends aborted, with no token, the calls vLLM holds
+unscheduled under its pause `keep` (each one's "Added request" line in the server's log shows it
+reached vLLM's engine ahead of the update's pause, on the same ordered queue); greedy output
+changes with a perturbed checkpoint and comes back bit-identical (ids and logprobs) with the
+original; a path that holds no checkpoint fails the update and leaves the engine serving,
+unpaused, on its version; the versions the run reports are the ones the updates set; SIGTERM
+deregisters the server and leaves no process of it behind.
 
 Needs a Python with vLLM (POLAR_VLLM_PYTHON); skipped without one unless POLAR_REQUIRE_VLLM=1."""
 
@@ -27,6 +29,8 @@ import pytest
 
 from polar_hpc import security
 from polar_hpc.client import Client
+from polar_hpc.engines import kinds
+from polar_hpc.engines.capture import Sampled, Sampling
 from polar_hpc.errors import WeightUpdateFailed
 from tests.orchestrator.helpers import start_orchestrator
 from tests.vllm.model import model_dir
@@ -34,6 +38,7 @@ from tests.vllm.model import perturbed as perturb
 from vllm.conftest import vllm_python
 
 PORT = 18200
+VLLM = kinds.get("vllm").client
 SHORT, LONG = 400, 4000  # streamed tokens in wait and abort updates; LONG fits --max-model-len and 4096 positions
 pytestmark = pytest.mark.timeout(1200)
 
@@ -100,15 +105,52 @@ async def _stream(http: aiohttp.ClientSession, url: str, started: asyncio.Event,
     return {"finish": finish, "tokens": tokens}
 
 
-async def _update_while_streaming(client: Client, url: str, key: str, path: Path, version: str, mode: str):
-    """Two streamed calls, then the update once both decode: `wait` calls are short enough to end
-    after it; `abort` calls are as long as the context allows, so the update reaches them mid-stream
-    however fast the tiny model decodes on this machine."""
-    max_tokens = SHORT if mode == "wait" else LONG
+async def _whole(http: aiohttp.ClientSession, url: str, max_tokens: int) -> dict:
+    """A long call answered whole: its finish reason and how many tokens it got (streamed, vLLM
+    0.32 sends no chunk at all for a call aborted before its first token)."""
+    body = {"model": "tiny", "prompt": "Count on:", "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    async with http.post(f"{url}/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        choice = (await r.json())["choices"][0]
+    return {"finish": choice["finish_reason"], "tokens": len(choice["token_ids"] or [])}
+
+
+async def _proxy_stream(http: aiohttp.ClientSession, url: str) -> Sampled:
+    """A long call as the proxy streams it from vLLM, read by the proxy's own vLLM client."""
+    path, body = VLLM.generate(list(range(1, 9)), Sampling(LONG), True, "held-in-flight")
+    reader = VLLM.Generation()
+    async with http.post(url + path, json=body) as r:
+        assert r.status == 200, await r.text()
+        async for line in r.content:
+            if line.startswith(b"data: {"):
+                reader.feed(json.loads(line[6:]))
+    return reader.result()
+
+
+async def _update_while_streaming(client: Client, url: str, key: str, path: Path, version: str, mode: str,
+                                  log: Path):
+    """Two calls in flight at vLLM when the update is sent, whatever this machine's load. `wait`:
+    short streamed calls, the update once both decode, so they end after it. `abort`: the engine is
+    first paused `keep` (nothing is scheduled), then two long calls are sent (one answered whole, one
+    streamed as the proxy streams and read by its vLLM client) and the update waits for
+    vLLM's "Added request" line of each (--enable-log-requests): logged once the call went to the
+    engine core on the socket the update's own /pause then takes, which the engine reads in order;
+    so the abort finds both in vLLM's scheduler, unfinished (vLLM: v1/engine/core.py pause_scheduler
+    finishes every request it holds, running or waiting)."""
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
-        events = [asyncio.Event() for _ in range(2)]
-        calls = [asyncio.create_task(_stream(http, url, e, max_tokens)) for e in events]
-        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)  # both are decoding
+        if mode == "wait":
+            events = [asyncio.Event() for _ in range(2)]
+            calls = [asyncio.create_task(_stream(http, url, e, SHORT)) for e in events]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 120)  # both are decoding
+        else:
+            async with http.post(f"{url}/pause", params={"mode": "keep"}, json={}) as r:
+                assert r.status == 200, await r.text()
+            seen = log.read_text().count("Added request")
+            calls = [asyncio.create_task(_whole(http, url, LONG)), asyncio.create_task(_proxy_stream(http, url))]
+            while log.read_text().count("Added request") < seen + 2:  # both reached vLLM's engine
+                assert not any(c.done() for c in calls), await asyncio.gather(*calls)
+                await asyncio.sleep(0.1)
         update = await asyncio.to_thread(client.update_weights, path, version, mode)
         return update, await asyncio.gather(*calls)
 
@@ -133,7 +175,7 @@ def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
     perturbed = perturb(model, tmp_path / "perturbed")
     topology = (f"engine:\n  kind: vllm\n  python: {python}\n  model: tiny\n  model_path: {model}\n  port: {PORT}\n"
                 "  startup_timeout_s: 900\n"
-                "  extra_args: [--enforce-eager, --dtype, float32, --max-model-len, '4096']\n"
+                "  extra_args: [--enforce-eager, --dtype, float32, --max-model-len, '4096', --enable-log-requests]\n"
                 "gateway:\n  heartbeat_s: 0.5\nservice:\n  enabled: true\n")
     orch, _ = start_orchestrator(run, topology, None)
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1", "HF_HUB_OFFLINE": "1"}  # a bad path is no hub id
@@ -163,16 +205,18 @@ def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
         original = _greedy(url, key)
         assert _greedy(url, key) == original  # greedy is deterministic here
 
-        update, calls = asyncio.run(_update_while_streaming(client, url, key, perturbed, "v1", "wait"))
+        log = run / "logs" / f"engine-{os.uname().nodename}-0.log"
+        update, calls = asyncio.run(_update_while_streaming(client, url, key, perturbed, "v1", "wait", log))
         assert update.errors == [] and update.engines == [url] and update.mode == "wait", update
         assert [c["finish"] for c in calls] == ["length", "length"] and [c["tokens"] for c in calls] == [SHORT, SHORT]
         changed = _greedy(url, key)
         assert changed[0] != original[0]
         assert _engine_detail(client) == [f"{url} weights v1"]
 
-        update, calls = asyncio.run(_update_while_streaming(client, url, key, model, "v2", "abort"))
+        update, calls = asyncio.run(_update_while_streaming(client, url, key, model, "v2", "abort", log))
         assert update.errors == [] and update.engines == [url] and update.mode == "abort", update
-        assert [c["finish"] for c in calls] == ["abort", "abort"] and all(c["tokens"] < LONG for c in calls), calls
+        whole, streamed = calls  # a `wait` update would have let them run to LONG
+        assert whole == {"finish": "abort", "tokens": 0} and (streamed.finish, streamed.ids) == ("abort", [])
         assert _greedy(url, key) == original  # bit-identical: ids and logprobs
         assert _engine_detail(client) == [f"{url} weights v2"]
 

@@ -13,6 +13,10 @@
   `prompt_token_ids` and `choices[0].token_ids`, aligned 1:1 with `logprobs.content`.
 - Logprobs are those vLLM is launched to return: `--logprobs-mode processed_logprobs` gives the
   distribution sampled from (after temperature, top-k, top-p); see docs/engines.md.
+- A streamed call that ends before its first token (aborted while queued or prefilling) gets no
+  choice event at all, only the usage event with `completion_tokens` 0 (vLLM 0.32
+  entrypoints/openai/completion/serving.py: a choice's events are skipped while it has no token,
+  its finishing one included; a failure is an error event instead): read as finish `abort`.
 - vLLM answers carry no weight version (`weight_version` None: the proxy stamps the version its
   engine registry gives the engine) and no cached-token count unless the server is started with
   `--enable-prompt-tokens-details`.
@@ -58,6 +62,7 @@ class Generation:
     def __init__(self) -> None:
         self._s = Sampled(ids=[], logprobs=[], finish="")
         self._fed = False
+        self._generated: int | None = None  # completion_tokens of the stream's usage event
 
     def feed(self, event: dict[str, Any]) -> str:
         s, self._fed = self._s, True
@@ -67,6 +72,7 @@ class Generation:
             s.cached_tokens = int(details.get("cached_tokens") or s.cached_tokens)
             choices = event["choices"]
             if not choices:  # the usage event of a stream
+                self._generated = (event.get("usage") or {}).get("completion_tokens", self._generated)
                 return ""
             choice = choices[0]
             if choice.get("prompt_token_ids") is not None:
@@ -88,6 +94,8 @@ class Generation:
 
     def result(self) -> Sampled:
         s = self._s
+        if not s.finish and not s.ids and self._generated == 0:  # ended before its first token
+            s.finish, s.message = "abort", "ended by vLLM before its first token"
         if not self._fed or not s.finish:
             raise BadAnswer("engine answer has no finish_reason")
         if s.finish not in ("length", "abort"):
