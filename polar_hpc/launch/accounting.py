@@ -9,8 +9,10 @@
   `Unknown`). One `sacct` call, bounded in time (`TIMEOUT_S`) and output (`MAX_BYTES`); where it
   fails (no accounting on the cluster) `AccountingUnavailable` says sacct's own words.
 - `read(run_dir)`: the inputs of every cost figure, each read once (`Costs`: the topology, the
-  journal's progress, the run's lives from sacct or why not, the engines' idle figures from
-  metrics.jsonl, the GPUs of one engine and of one session slot). `status` and `account` share it.
+  journal's progress, the driver's and the grow jobs' journals, the run's lives from sacct or why
+  not, the engines' idle figures from metrics.jsonl, the GPUs of one engine and of one session slot;
+  `Costs.products`, the run's products as `RunReader` reads them, on first use). `status` and
+  `account` share it.
   - `Costs.slot_gpu_s(session_s)`: GPU-seconds of session time a stop cut short (or a decided
     group's tail ran, or an engine aborted for an update), as the run's GPUs per session slot (the
     share of the engines each slot had) times those seconds. Where the run has grow jobs that share
@@ -21,7 +23,7 @@
   - `Costs.idle_gpu_s`: GPU-seconds the engines sat with no request running or waiting, from the
     orchestrator's engine readings in metrics.jsonl (`observe.idle`), as the GPUs of one engine
     (`gpus_per_engine`: a grow job's engines are shaped as the run's) times those engine-seconds.
-- `account(run_dir, costs)`: the jobs the run's driver journal names (its `start` events) and its grow
+- `account(costs)`: the jobs the run's driver journal names (its `start` events) and its grow
   jobs (`journal/grow.jsonl`, launch/grow.py), their lives since the run was made (its `topology.yaml`),
   and the run's products as `RunReader` reads them (accepted trajectories, trainable tokens),
   with GPU-hours and CPU-hours per accepted trajectory (AccountingUnavailable where sacct could not
@@ -39,6 +41,7 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +114,11 @@ def _gpus(topology: Topology) -> int:
 
 @dataclass
 class Costs:
+    run_dir: Path
     topology: Topology
     progress: Progress
+    driver: list[dict[str, Any]]  # journal/driver.jsonl: the lives of the run's main job
+    grow_events: list[dict[str, Any]]  # journal/grow.jsonl
     lives: list[dict[str, Any]] | None  # every life of the run's jobs (`run_lives`); None where sacct cannot tell
     unavailable: str  # why `lives` is None
     idle: EngineIdle
@@ -127,23 +133,45 @@ class Costs:
     def idle_gpu_s(self) -> float:
         return self.idle.idle_s * self.per_engine
 
+    @property
+    def main_jobs(self) -> list[str]:
+        return list(dict.fromkeys(str(e["job"]) for e in self.driver if e.get("event") == "start" and e.get("job")))
+
+    @property
+    def grow_jobs(self) -> list[str]:
+        return grow.job_ids(self.grow_events)
+
+    @property
+    def jobs(self) -> list[str]:
+        """The run's jobs: its main jobs', then its grow jobs'."""
+        return list(dict.fromkeys(self.main_jobs + self.grow_jobs))
+
+    @cached_property
+    def products(self) -> dict[str, Any]:
+        """The run's overview as `RunReader` reads it (accepted trajectories, tokens, aborted calls' seconds)."""
+        reader = RunReader(self.run_dir)
+        reader.poll()
+        return reader.overview()
+
 
 def read(run_dir: Path, sacct: str = "sacct") -> Costs:
     topology = load_topology(run_dir / "topology.yaml")
+    costs = Costs(run_dir, topology, progress(run_dir), read_jsonl(run_dir / "journal" / "driver.jsonl"),
+                  read_jsonl(run_dir / "journal" / grow.JOURNAL), None, "",
+                  engine_idle(run_dir, topology.metrics.interval_s), gpus_per_engine(topology), 0.0, "")
     try:
-        found, why = run_lives(run_dir, sacct), ""
+        costs.lives = run_lives(costs, sacct)
     except AccountingUnavailable as e:
-        found, why = None, str(e)
-    per_slot, how = _share(run_dir, topology, found or [])
-    return Costs(topology, progress(run_dir), found, why, engine_idle(run_dir, topology.metrics.interval_s),
-                 gpus_per_engine(topology), per_slot, how)
+        costs.unavailable = str(e)
+    costs.per_slot, costs.how = _share(costs)
+    return costs
 
 
-def _share(run_dir: Path, topology: Topology, found: list[dict[str, Any]]) -> tuple[float, str]:
+def _share(costs: Costs) -> tuple[float, str]:
     """(GPUs per session slot, how it was found): over the lives of the run's jobs where it has grow
     jobs, else the main job's shape."""
-    slots, grown = _slots(run_dir, topology), grow.jobs(run_dir)
-    counted = [life for life in found if life["job"] in slots] if grown else []
+    topology, slots, grown = costs.topology, _slots(costs), costs.grow_jobs
+    counted = [life for life in costs.lives or [] if life["job"] in slots] if grown else []
     gpu_s = sum(life["gpu_s"] for life in counted)
     slot_s = sum(life["elapsed_s"] * slots[life["job"]] for life in counted)
     if slot_s > 0 and any(life["job"] in grown for life in counted):
@@ -152,11 +180,11 @@ def _share(run_dir: Path, topology: Topology, found: list[dict[str, Any]]) -> tu
     return gpus / max(1, main), f"{gpus} GPUs / {main} session slots"
 
 
-def _slots(run_dir: Path, topology: Topology) -> dict[str, int]:
+def _slots(costs: Costs) -> dict[str, int]:
     """Session slots of each of the run's jobs: its gateway nodes times `gateway.pools.run`."""
-    per_node = topology.gateway.pools.run
-    slots = {job: topology.slurm.cpu.nodes * per_node for job in _main_jobs(run_dir)}
-    for e in read_jsonl(run_dir / "journal" / grow.JOURNAL):  # a start's nodes are what the job got
+    per_node = costs.topology.gateway.pools.run
+    slots = {job: costs.topology.slurm.cpu.nodes * per_node for job in costs.main_jobs}
+    for e in costs.grow_events:  # a start's nodes are what the job got
         if e.get("job") and (e.get("event") == "start" and isinstance(e.get("nodes"), list)
                              or e.get("event") == "submitted" and str(e["job"]) not in slots):
             nodes = e["nodes"]
@@ -164,19 +192,12 @@ def _slots(run_dir: Path, topology: Topology) -> dict[str, int]:
     return slots
 
 
-def _main_jobs(run_dir: Path) -> list[str]:
-    return list(dict.fromkeys(str(e["job"]) for e in read_jsonl(run_dir / "journal" / "driver.jsonl")
-                              if e.get("event") == "start" and e.get("job")))
-
-
-def run_lives(run_dir: Path, sacct: str = "sacct") -> list[dict[str, Any]]:
+def run_lives(costs: Costs, sacct: str = "sacct") -> list[dict[str, Any]]:
     """Every life of the run's jobs, its main jobs' then its grow jobs' (`lives`); AccountingUnavailable
     where no job has started or sacct cannot tell."""
-    jobs = _main_jobs(run_dir)
-    jobs += [j for j in grow.jobs(run_dir) if j not in jobs]
-    if not jobs:
+    if not costs.jobs:
         raise AccountingUnavailable("no Slurm job has started for this run")
-    return lives(jobs, (run_dir / "topology.yaml").stat().st_mtime - 1, sacct)
+    return lives(costs.jobs, (costs.run_dir / "topology.yaml").stat().st_mtime - 1, sacct)
 
 
 def gpus_per_engine(topology: Topology) -> float:
@@ -188,16 +209,11 @@ def gpus_per_engine(topology: Topology) -> float:
     return per_node / (1 if scripted else max(1, int(per_node) // topology.engine.tp_size))
 
 
-def account(run_dir: Path, costs: Costs) -> dict[str, Any]:
+def account(costs: Costs) -> dict[str, Any]:
     if costs.lives is None:
         raise AccountingUnavailable(costs.unavailable)
-    found = costs.lives
-    jobs = list(dict.fromkeys(life["job"] for life in found))
-    jobs += [j for j in _main_jobs(run_dir) + grow.jobs(run_dir) if j not in jobs]
-    reader = RunReader(run_dir)
-    reader.poll()
-    o = reader.overview()
-    p = costs.progress
+    found, o, p = costs.lives, costs.products, costs.progress
+    jobs = list(dict.fromkeys([life["job"] for life in found] + costs.jobs))
     gpu_h = sum(life["gpu_s"] for life in found) / 3600
     cpu_h = sum(life["cpu_s"] for life in found) / 3600
     accepted = o["trajectories"]

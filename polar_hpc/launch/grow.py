@@ -85,7 +85,11 @@ def script(run_dir: Path, spec: GrowSpec) -> str:
 
 def jobs(run_dir: Path) -> list[str]:
     """The run's grow jobs, in the order they were submitted (or first started)."""
-    events = read_jsonl(run_dir / "journal" / JOURNAL)
+    return job_ids(read_jsonl(run_dir / "journal" / JOURNAL))
+
+
+def job_ids(events: list[dict]) -> list[str]:
+    """The grow jobs a `journal/grow.jsonl` names, in the order they were submitted (or first started)."""
     return list(dict.fromkeys(str(e["job"]) for e in events if e.get("event") in ("submitted", "start") and e.get("job")))
 
 

@@ -33,11 +33,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from polar_hpc import nofollow, security, wire
-from polar_hpc.launch import accounting, grow
+from polar_hpc.launch import accounting
 from polar_hpc.launch.rundir import resolve
 from polar_hpc.launch.slurm import ACTIVE, job_state
 from polar_hpc.observe.run import RunReader
-from polar_hpc.orchestrator.journal import read_jsonl
 
 
 def ask(run_dir: Path, msg: wire.Message, timeout_s: float = 3.0) -> wire.AnyMessage | None:
@@ -69,15 +68,15 @@ def show(target: str, console: Console) -> None:
                       "`polar-hpc sbatch` script is recorded when its driver starts)", soft_wrap=True)
     else:
         console.print(f"slurm job {job_id}: {state}" + (f" (exit code {code})" if code else ""))
-    for job in grow.jobs(run_dir):
+    costs = accounting.read(run_dir)
+    for job in costs.grow_jobs:
         grown, grown_code = job_state(job)
         console.print(f"grow job {job}: {grown}" + (f" (exit code {grown_code})" if grown_code else ""))
     reply = ask(run_dir, wire.StatusRequest())
-    costs = accounting.read(run_dir)
     if not isinstance(reply, wire.StatusReply):
-        for line in story(run_dir, job_id, state, costs):
+        for line in story(job_id, state, costs):
             console.print(escape(line), soft_wrap=True)
-        console.print(escape(cost(run_dir, costs)), soft_wrap=True)
+        console.print(escape(cost(costs)), soft_wrap=True)
         return
     table = Table("kind", "name", "host", "up", "load", "detail")
     for m in reply.members:
@@ -88,12 +87,12 @@ def show(target: str, console: Console) -> None:
     if reply.versions_in_flight:
         console.print(f"weight versions in flight: {_states(reply.versions_in_flight)}")
     console.print(f"throughput {reply.sessions_per_s * 60:.1f} sessions/min, ETA {eta}, tokens {reply.tokens}")
-    for line in waste(run_dir, costs):
+    for line in waste(costs):
         console.print(escape(line), soft_wrap=True)
     url = json.loads(nofollow.read_text(run_dir / "rendezvous.json")).get("metrics_url")
     if url:
         console.print(f"Prometheus: {url} (its bearer token: metrics_token in {run_dir / 'rendezvous.json'})")
-    console.print(escape(cost(run_dir, costs)), soft_wrap=True)
+    console.print(escape(cost(costs)), soft_wrap=True)
 
 
 def watch_run(target: str, console: Console, every_s: float = 2.0) -> None:
@@ -132,13 +131,12 @@ def _view(reader: RunReader, job_id: str | None) -> Group:
     return Group(head, ProgressBar(total=max(1, o["total"]), completed=o["done"]), stages, figures, tasks, errors)
 
 
-def story(run_dir: Path, job_id: str | None, state: str, costs: accounting.Costs) -> list[str]:
+def story(job_id: str | None, state: str, costs: accounting.Costs) -> list[str]:
     """What happened to a run whose orchestrator does not answer, from its files."""
     p = costs.progress
     lines = [f"orchestrator not reachable; from the journal: {sum(p.ended.values())} of {p.total} sessions "
-             f"ended ({_states(dict(p.ended))}), {p.left} never ended"] + waste(run_dir, costs)
-    lives = read_jsonl(run_dir / "journal" / "driver.jsonl")
-    last = lives[-1] if lives else None
+             f"ended ({_states(dict(p.ended))}), {p.left} never ended"] + waste(costs)
+    last = costs.driver[-1] if costs.driver else None
     if state in ACTIVE:
         lines.append(f"the job is {state}: its orchestrator is not up (yet); it continues from the journal")
         if last is not None and last.get("event") == "end" and last.get("job") == job_id and state != "RUNNING":
@@ -159,10 +157,11 @@ def story(run_dir: Path, job_id: str | None, state: str, costs: accounting.Costs
     return lines
 
 
-def waste(run_dir: Path, costs: accounting.Costs) -> list[str]:
+def waste(costs: accounting.Costs) -> list[str]:
     """Sessions held by walltime admission, the GPU time lost to attempts a stop cut short or a
     decided group's tail ran (their seconds since dispatch times the run's GPUs per session slot, the
-    share of the engines each had), and the GPU time engines sat idle (`Costs.idle_gpu_s`)."""
+    share of the engines each had) and to calls engines aborted for weight updates (their seconds in
+    accepted trajectories, the same way), and the GPU time engines sat idle (`Costs.idle_gpu_s`)."""
     p, lines = costs.progress, []
     if p.held:
         lines.append(f"held: {p.held} sessions not started, their timeout_s cannot end before the allocation does")
@@ -171,24 +170,28 @@ def waste(run_dir: Path, costs: accounting.Costs) -> list[str]:
         if n:
             lines.append(f"{what}: {n} sessions, {seconds:.0f} session-seconds, wasted "
                          f"{costs.slot_gpu_s(seconds):.0f} GPU-seconds ({costs.how})")
+    on_slurm = bool(costs.driver)  # a local run's engines hold no GPUs
+    aborted_s = costs.products["aborted_call_s"]
+    if aborted_s:
+        lines.append(f"aborted by weight updates: {aborted_s:.0f} call-seconds in accepted trajectories"
+                     + (f", wasted {costs.slot_gpu_s(aborted_s):.0f} GPU-seconds ({costs.how})" if on_slurm else ""))
     idle = costs.idle
     if idle.idle_s:
         share = idle.idle_s / (idle.idle_s + idle.busy_s)
-        on_slurm = nofollow.is_file(run_dir / "journal" / "driver.jsonl")  # a local run's engines hold no GPUs
         lines.append(f"idle engines: {idle.idle_s:.0f} engine-seconds with no request running or waiting "
                      f"({share:.0%} of their time)" + (f", wasted {costs.idle_gpu_s:.0f} GPU-seconds "
                                                        f"({costs.per_engine:g} GPUs per engine)" if on_slurm else ""))
     return lines
 
 
-def cost(run_dir: Path, costs: accounting.Costs) -> str:
+def cost(costs: accounting.Costs) -> str:
     """The run's cost from Slurm's accounting, in a line, also saved as `<run>/accounting.json`."""
     try:
-        figures = accounting.account(run_dir, costs)
+        figures = accounting.account(costs)
     except accounting.AccountingUnavailable as e:
         return f"cost: not known ({e})"
     try:
-        saved = f"in {accounting.write(run_dir, figures)}"
+        saved = f"in {accounting.write(costs.run_dir, figures)}"
     except OSError as e:  # a run directory this user may read but not write
         saved = f"not saved: {e}"
     each = figures["gpu_hours_per_accepted"]

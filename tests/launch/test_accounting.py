@@ -42,17 +42,15 @@ def _run(tmp_path: Path, grown: bool) -> tuple[Path, str]:
 
 def test_grow_jobs_lives_count_and_share_the_gpus_per_session_slot(tmp_path: Path) -> None:
     run, sacct = _run(tmp_path, grown=True)
-    found = accounting.run_lives(run, sacct)
-    assert "-j 7,9,10,11 " in (tmp_path / "asked").read_text()  # the main job, then each grow job
-    assert [(x["job"], x["elapsed_s"], x["gpu_s"], x["cpu_s"]) for x in found] == [
+    costs = accounting.read(run, sacct)
+    asked = (tmp_path / "asked").read_text().splitlines()
+    assert len(asked) == 1 and "-j 7,9,10,11 " in asked[0]  # sacct asked once: the main job, then each grow job
+    assert [(x["job"], x["elapsed_s"], x["gpu_s"], x["cpu_s"]) for x in costs.lives or []] == [
         ("7", 100, 200, 300), ("9", 50, 0, 100), ("10", 40, 40, 40)]
     # GPU-seconds 200 + 0 + 40 = 240 over session-slot-seconds 100 * 4 + 50 * 4 + 40 * 0 = 600: 0.4 GPUs per slot
-    (tmp_path / "asked").unlink()
-    costs = accounting.read(run, sacct)
-    assert costs.lives == found and len((tmp_path / "asked").read_text().splitlines()) == 1  # sacct asked once
     assert costs.slot_gpu_s(30.0) == pytest.approx(30 * 0.4)
     assert costs.how == "240 GPU-seconds / 600 session-slot-seconds over 3 job lives"
-    figures = accounting.account(run, costs)
+    figures = accounting.account(costs)
     assert figures["jobs"] == ["7", "9", "10", "11"] and len(figures["lives"]) == 3
     assert (figures["gpu_hours"], figures["cpu_hours"]) == (pytest.approx(240 / 3600), pytest.approx(440 / 3600))
 
@@ -61,5 +59,5 @@ def test_without_grow_jobs_the_share_is_the_main_jobs_shape(tmp_path: Path) -> N
     run, sacct = _run(tmp_path, grown=False)
     costs = accounting.read(run, sacct)
     assert (costs.slot_gpu_s(30.0), costs.how) == (30 * 2 / 4, "2 GPUs / 4 session slots")  # the lives are not the share
-    figures = accounting.account(run, costs)
+    figures = accounting.account(costs)
     assert (figures["gpu_hours"], figures["cpu_hours"]) == (pytest.approx(200 / 3600), pytest.approx(300 / 3600))

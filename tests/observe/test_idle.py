@@ -57,9 +57,9 @@ def test_status_of_a_slurm_run_states_the_idle_gpu_seconds(tmp_path: Path) -> No
     (tmp_path / "topology.yaml").write_text("engine:\n  kind: sglang\nslurm:\n  gpu:\n    nodes: 1\n    gpus: 2\n")
     (tmp_path / "journal").mkdir()
     (tmp_path / "tasks.jsonl").write_text("")
-    local = [line for line in story(tmp_path, None, "", accounting.read(tmp_path)) if line.startswith("idle engines")]
+    local = [line for line in story(None, "", accounting.read(tmp_path)) if line.startswith("idle engines")]
     assert local == ["idle engines: 16 engine-seconds with no request running or waiting (62% of their time)"]
     (tmp_path / "journal" / "driver.jsonl").write_text(json.dumps({"event": "start", "job": "7"}) + "\n")
     costs = accounting.read(tmp_path, sacct="/nonexistent/sacct")  # no accounting: the idle figures stand alone
-    (line,) = [line for line in story(tmp_path, "7", "", costs) if line.startswith("idle engines")]
+    (line,) = [line for line in story("7", "", costs) if line.startswith("idle engines")]
     assert line.endswith("(62% of their time), wasted 16 GPU-seconds (1 GPUs per engine)"), line  # 2 servers of 1 GPU

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from polar_hpc.client import Client
+from polar_hpc.launch import accounting
+from polar_hpc.launch.status import waste
 from polar_hpc.observe.run import RunReader
 from polar_hpc.shards.reader import iter_trajectories
 
@@ -80,5 +82,7 @@ def test_abort_mode_update_loses_no_session(tmp_path: Path) -> None:
     reader = RunReader(run_dir)
     reader.poll()
     assert reader.overview()["aborted_call_s"] == pytest.approx(aborted_s)  # accounting's aborted_by_updates
+    said = [line for line in waste(accounting.read(run_dir)) if line.startswith("aborted by weight updates")]
+    assert said == [f"aborted by weight updates: {aborted_s:.0f} call-seconds in accepted trajectories"]  # status says it
     journal = [json.loads(line) for line in (run_dir / "journal" / "orchestrator.jsonl").read_text().splitlines()]
     assert [(e["weight_version"], e["mode"]) for e in journal if e["event"] == "weights_update"] == [("v1", "abort")]
