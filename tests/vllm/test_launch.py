@@ -27,7 +27,8 @@ def test_command_line() -> None:
     assert " ".join(argv[3:]) == (
         "--model /models/Qwen3-8B --served-model-name qwen3-8b --host 0.0.0.0 --port 30001 --tensor-parallel-size 4"
         " --enable-auto-tool-choice --tool-call-parser hermes --logprobs-mode processed_logprobs"
-        " --enable-scale-out --max-logprobs 21 --max-model-len 8192 --tool-call-parser qwen3_coder"  # the user's args come last: they win
+        " --enable-scale-out --max-logprobs 21"
+        " --max-model-len 8192 --tool-call-parser qwen3_coder"  # the user's args come last: they win
     )
     default = launch.command(EngineConfig(kind="vllm", model="org/m"), "h", 1)
     assert default[0] == sys.executable and default[4] == "org/m"

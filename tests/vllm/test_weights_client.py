@@ -1,7 +1,8 @@
 """vLLM's weight-update client against a hostile stand-in server (no vLLM needed): the order of
-its calls in each mode (the version label set after the load), the run's key on each, resume after a load that fails (the server closing the
-connection under it, as vLLM does after a 500), a pause that fails, a server that is down, and a
-path with no checkpoint refused before anything is paused."""
+its calls in each mode (the version label set after the load), the run's key on each, resume
+after a load that fails (the server closing the connection under it, as vLLM does after a 500;
+the version then left as it was), a pause that fails, a server that is down, and a path with no
+checkpoint refused before anything is paused."""
 
 from __future__ import annotations
 
