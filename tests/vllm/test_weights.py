@@ -45,7 +45,7 @@ HERE = Path(__file__).parent
 VLLM = kinds.get("vllm").client
 SHORT, LONG = 400, 4000  # streamed tokens in wait and abort updates; LONG fits --max-model-len and 4096 positions
 PROMPT = list(range(1, 9))  # the long calls' prompt ids
-HELD, HOLD = "continue-held", 3  # the continue step's call, held by vLLM's engine core at 3 tokens until a pause
+HELD, HOLD = "continue-held", 32  # the continue step's call, held by vLLM's engine core at 32 tokens until a pause
 pytestmark = pytest.mark.timeout(1200)
 
 
@@ -123,11 +123,11 @@ async def _whole(http: aiohttp.ClientSession, url: str, max_tokens: int) -> dict
 
 
 async def _proxy_stream(http: aiohttp.ClientSession, url: str, rid: str = "held-in-flight",
-                        first: asyncio.Event | None = None, spans: list | None = None,
-                        read: list | None = None) -> Sampled:
+                        first: asyncio.Event | None = None, go: asyncio.Event | None = None,
+                        spans: list | None = None, read: list | None = None) -> Sampled:
     """A long greedy call as the proxy streams it from vLLM, read by the proxy's own vLLM client;
-    `first` is set once its first token reached here, `spans` gets vLLM's own weight_versions and
-    `read` the token ids as they arrive."""
+    `first` is set once its first token reached here (reading then waits for `go`), `spans` gets
+    vLLM's own weight_versions and `read` the token ids as they arrive."""
     sampling = Sampling(LONG, temperature=0.0, controls={"ignore_eos": True})
     path, body = VLLM.generate(PROMPT, sampling, True, rid)
     reader = VLLM.Generation()
@@ -140,23 +140,26 @@ async def _proxy_stream(http: aiohttp.ClientSession, url: str, rid: str = "held-
                 for choice in event["choices"]:
                     (spans if spans is not None else []).extend(choice.get("weight_versions") or [])
                     (read if read is not None else []).extend(choice.get("token_ids") or [])
-                    if first is not None and choice.get("token_ids"):
+                    if first is not None and go is not None and choice.get("token_ids") and not first.is_set():
                         first.set()
+                        await go.wait()
     return reader.result()
 
 
 async def _continue_while_decoding(client: Client, url: str, key: str, path: Path, version: str,
                                    mode: str, log_path: Path) -> tuple:
     """One long call decoding at vLLM when the update is sent: the update goes once the call's
-    first token has reached the test (so vLLM had sampled it before the pause), and vLLM's engine
-    core holds the call at HOLD tokens until the update's pause is queued (`hold/`), so the pause
-    finds it unfinished, whatever this machine's load."""
+    first token has reached the test (so vLLM had sampled it before the pause; the test reads no
+    more until the update is done), and vLLM's engine core holds the call at HOLD tokens until the
+    update's pause is queued (`hold/`), so the pause finds it unfinished, whatever this machine's
+    load, and vLLM has sampled more than the test had read."""
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
-        first, spans, read = asyncio.Event(), [], []
-        call = asyncio.create_task(_proxy_stream(http, url, HELD, first, spans, read))
+        first, go, spans, read = asyncio.Event(), asyncio.Event(), [], []
+        call = asyncio.create_task(_proxy_stream(http, url, HELD, first, go, spans, read))
         await asyncio.wait_for(first.wait(), 300)
         sent_after = len(read)  # tokens the test had read when it sent the update
         update = await asyncio.to_thread(client.update_weights, path, version, mode)
+        go.set()
         held = await call
         log = (await asyncio.to_thread(log_path.read_text)).count(f"held at {HOLD} tokens until a pause was queued")
         return update, held, spans, log, sent_after
@@ -285,7 +288,7 @@ def test_vllm_step_weights_in_every_mode_and_clean_stop(tmp_path: Path) -> None:
         assert _greedy(url, key) == original and _engine_detail(client) == [f"{url} weights v2"]
 
         # continue: a call decoding on v2 goes on across the update to v3 on the perturbed weights
-        before = _greedy_ids(url, key, PROMPT, 64)  # v2's greedy tokens, to tell them from v3's
+        before = _greedy_ids(url, key, PROMPT, HOLD + 32)  # v2's greedy tokens, to tell them from v3's
         update, held, spans, hold_lines, sent_after = asyncio.run(
             _continue_while_decoding(client, url, key, perturbed, "v3", "continue", log))
         assert update.errors == [], update
