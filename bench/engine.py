@@ -4,9 +4,10 @@ A running vLLM (`--engine-url`; serve it as tests/vllm/conftest.py does: `SERVE_
 name `--model`); four targets reach it, each with the same conversations, greedy, the same
 `--max-tokens` (so every target makes vLLM do the same work):
 - `tito`: a polar-hpc proxy in tito mode (`--engine-kind vllm`): it renders with the model's
-  template, calls vLLM's /v1/completions with the token ids and ships a CallRecord per call to a
-  stand-in gateway; `direct_tito`: this process renders with the same template (the proxy's
-  `Renderer`) and calls the same /v1/completions with the ids, logprobs and token ids asked.
+  template, calls vLLM's /inference/v1/generate with the token ids (served with
+  `--enable-scale-out`) and ships a CallRecord per call to a stand-in gateway; `direct_tito`: this
+  process renders with the same template (the proxy's `Renderer`) and sends the same request (the
+  proxy's vLLM client builds it) to the same route.
 - `passthrough`: a proxy in passthrough mode (vLLM's /v1/chat/completions with `return_token_ids`
   and `logprobs`); `direct_chat`: the same route with the same fields, called directly.
 A session is two calls (the answer, then the history re-sent with one more user turn). At each
@@ -43,6 +44,8 @@ from pathlib import Path
 import aiohttp
 
 from polar_hpc import procs
+from polar_hpc.engines.capture import Sampling
+from polar_hpc.engines.vllm import client as vllm_client
 from polar_hpc.proxy.tito import Renderer
 from rounds import Gateway, positive, proxy_args, run_round, start  # bench/rounds.py
 
@@ -62,9 +65,7 @@ class Caller:
         t0 = time.perf_counter()
         if self.kind == "direct_tito":  # the proxy's work, without the proxy: render, send ids
             ids = self.renderer.encode(self.renderer.text(messages, None, True))
-            body = {"model": self.model, "prompt": ids, "max_tokens": self.max_tokens, "temperature": 0,
-                    "logprobs": 0, "return_token_ids": True}
-            path = "/v1/completions"
+            path, body = vllm_client.generate(ids, Sampling(self.max_tokens, temperature=0.0), False, f"d{time.time_ns()}")
         else:
             body = {"model": self.model, "messages": messages, "max_tokens": self.max_tokens, "temperature": 0}
             if self.kind == "direct_chat":

@@ -19,7 +19,7 @@ answered by the orchestrator (anything malformed in between is skipped):
   session of the batch has ended.
 - `update_weights(path, version, mode=None)`: every engine loads `path` as `version`; calls in
   flight finish first (`wait`), are aborted and retried by the harness (`abort`), or go on on the
-  new weights, each token recording its version (`continue`; not on vLLM); None: the topology's
+  new weights, each token recording its version (`continue`); None: the topology's
   `service.weight_update_mode`. Returns WeightsUpdated (mode, engines, longest pause, failures;
   WeightUpdateFailed if every engine failed, ConfigError for an unknown mode or one the run's
   engine kind lacks).

@@ -6,7 +6,9 @@
 - `client`: the module that shapes the proxy's requests to that kind's servers and reads their
   answers (engines.capture has the contract);
 - `launch`: the module whose `command(engine, host, port)` and `environment(base_env, cache_dir)`
-  start one server on `tp_size` GPUs (engines.step runs one per slice of the node's GPUs), or None
+  start one server on `tp_size` GPUs (engines.step runs one per slice of the node's GPUs), and whose
+  `ready(url, version, api_key)` (-> ["URL: why"]) readies a healthy one for the run (its weight
+  version label), or None
   for the scripted engine, which runs as `polar-hpc engine --kind scripted` on the CPU (it speaks
   SGLang's routes, weight updates included).
 The orchestrator, the engine step and the proxy look kinds up here and nowhere branch on a kind's name.

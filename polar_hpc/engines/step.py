@@ -7,7 +7,8 @@ port `engine.port + i` with its own slice of CUDA_VISIBLE_DEVICES (`split_device
 it (engines.command); `engines.kinds` says how each kind starts),
 refusing a port another process already listens on, waits until each answers GET /health, checks
 that it is the server it started (`identity.check`: it demands the run's key, and only that one),
-registers each URL and weight version (engine id `TAG-i`; TAG, default the node, also names the
+readies it (`launch.ready`: vLLM's version label set to `engine.weight_version`), registers each
+URL and weight version (engine id `TAG-i`; TAG, default the node, also names the
 servers' logs `logs/engine-TAG[-i].log` and caches) with the orchestrator
 found through `<run>/rendezvous.json` (EngineHello, over CURVE with the run's engine key), heartbeats,
 and on Shutdown from the orchestrator or SIGTERM/SIGINT deregisters (EngineBye) and stops the
@@ -57,11 +58,14 @@ def run_step(kind: str, run_dir: Path, tag: str | None = None) -> int:
     try:
         _start_servers(kind, topology, run_dir, tag, security.engine_env(run_dir), servers)
         urls = [_wait_healthy(child, port, host, topology, stopping) for child, port in servers]
-        key = security.engine_api_key(run_dir)
+        key, launch = security.engine_api_key(run_dir), kinds.get(kind).launch
         for (child, port), url in zip(servers, urls):
             why = identity.check(f"http://127.0.0.1:{port}", key) if url and key else None
             if why is not None:
                 raise ChildFailed(f"{child.name}: not registered, it cannot prove it is this run's engine: {why}")
+            errors = launch.ready(f"http://127.0.0.1:{port}", topology.engine.weight_version, key) if url and launch else []
+            if errors:
+                raise ChildFailed(f"{child.name}: not registered, its weight version was not set: {'; '.join(errors)}")
         sock = _connect(run_dir, stopping)
         if sock is None:
             return 0

@@ -103,25 +103,6 @@ def test_a_failing_engine_is_reported(tmp_path: Path) -> None:
         orchestrator.wait()
 
 
-def test_continue_mode_is_refused_on_vllm(tmp_path: Path) -> None:
-    """vLLM's answers carry no weight version, so no token's version could be known: refused, in
-    the update's mode and in the topology's, before any engine is touched."""
-    for run_dir, service in ((tmp_path / "a", "{enabled: true}"),
-                             (tmp_path / "b", "{enabled: true, weight_update_mode: continue}")):
-        run_dir.mkdir()
-        orchestrator, _ = start_orchestrator(run_dir, f"engine: {{kind: vllm}}\nservice: {service}\n", None,
-                                             ["--engine-url", "http://127.0.0.1:9"])
-        try:
-            with Client(run_dir, timeout_s=30) as client:
-                with pytest.raises(ConfigError, match="mode 'continue' is not one that vllm engines have"):
-                    client.update_weights(tmp_path / "w", "v1", mode=None if "continue" in service else "continue")
-                members = {m.name: m.detail for m in client.run_status().members if m.kind == "engine"}
-                assert members["http://127.0.0.1:9"].endswith("weights v0")
-        finally:
-            orchestrator.kill()
-            orchestrator.wait()
-
-
 def start_orchestrator_with_engine(run_dir: Path, url: str) -> tuple[subprocess.Popen, str]:
     return start_orchestrator(run_dir, "service:\n  enabled: true\n", None, ["--engine-url", url])
 

@@ -2,7 +2,7 @@
 
 Its Python is `$POLAR_VLLM_PYTHON` (default `.ci/vllm-venv/bin/python`, made by `.ci/install_vllm`).
 Without it the vLLM tests skip, unless `POLAR_REQUIRE_VLLM=1`, where they fail. The server runs
-with the flags the proxy's capture needs (`SERVE_FLAGS`: hermes tool calls, processed logprobs)
+with the flags the proxy's capture needs (`SERVE_FLAGS`: the engine step's `launch.FLAGS`)
 on a free port, on the CPU; it is stopped when the session ends. `start_vllm(tmp)` starts another
 one (for a test that kills an engine); start it sparingly: each takes ~3 GB and a minute.
 `POLAR_VLLM_URL` names a vLLM already serving `model_dir()` as `proxy.helpers.MODEL` with
@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from polar_hpc.engines.vllm import launch
 from proxy.helpers import MODEL
 from vllm import model
 from vllm.model import model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVE_FLAGS = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", "--enable-auto-tool-choice",
-               "--tool-call-parser", "hermes", "--logprobs-mode", "processed_logprobs"]
+SERVE_FLAGS = ["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048", *launch.FLAGS]
 START_S = 600  # to healthy; ~50 s on an idle machine, minutes on a busy one
 
 

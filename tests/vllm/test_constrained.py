@@ -68,7 +68,7 @@ def test_a_json_schema_answer_parses_and_validates(vllm, proxy) -> None:  # noqa
 
 def test_the_same_seed_samples_the_same_ids(vllm, proxy) -> None:  # noqa: F811
     if proxy.mode != "tito":
-        pytest.skip("tito: the proxy sends the seed to /v1/completions itself")
+        pytest.skip("tito: the proxy sends the seed to vLLM itself")
     ids = []
     for seed in (1234, 1234):
         client(proxy).chat.completions.create(model=MODEL, messages=ASK, max_tokens=16, temperature=1.0, seed=seed)

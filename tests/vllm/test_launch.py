@@ -27,6 +27,7 @@ def test_command_line() -> None:
     assert " ".join(argv[3:]) == (
         "--model /models/Qwen3-8B --served-model-name qwen3-8b --host 0.0.0.0 --port 30001 --tensor-parallel-size 4"
         " --enable-auto-tool-choice --tool-call-parser hermes --logprobs-mode processed_logprobs"
+        " --enable-scale-out --max-logprobs 21"
         " --max-model-len 8192 --tool-call-parser qwen3_coder"  # the user's args come last: they win
     )
     default = launch.command(EngineConfig(kind="vllm", model="org/m"), "h", 1)
@@ -49,7 +50,7 @@ def test_every_kind_has_weights_and_the_registry_refuses_others() -> None:
     assert kinds.KINDS == ("scripted", "sglang", "vllm")
     for kind in kinds.KINDS:
         assert set(kinds.get(kind).weights.MODES) <= set(kinds.MODES)
-    assert kinds.get("vllm").weights.MODES == ("wait", "abort")  # no per-token versions: no continue
+    assert kinds.get("vllm").weights.MODES == ("wait", "abort", "continue")
     out = polar("engine", "--kind", "vllmx", "--run-dir", "/nonexistent")
     assert out.returncode == 2 and "unknown kind 'vllmx' (known: scripted, sglang, vllm)" in out.stderr
     out = polar("engine", "--kind", "vllm")

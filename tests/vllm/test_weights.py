@@ -6,7 +6,10 @@ unscheduled under its pause `keep` (each one's "Added request" line in the serve
 reached vLLM's engine ahead of the update's pause, on the same ordered queue); greedy output
 changes with a perturbed checkpoint and comes back bit-identical (ids and logprobs) with the
 original; a path that holds no checkpoint fails the update and leaves the engine serving,
-unpaused, on its version; the versions the run reports are the ones the updates set; SIGTERM
+unpaused, on its version; `continue`: a long greedy call whose first token reached the test goes
+on across the update (vLLM's pause `keep`): its tokens carry vLLM's own per-token versions, the old
+version's being the old weights' greedy tokens and the rest the new weights' greedy continuation
+from that boundary; the versions the run reports are the ones the updates set; SIGTERM
 deregisters the server and leaves no process of it behind.
 
 Needs a Python with vLLM (POLAR_VLLM_PYTHON); skipped without one unless POLAR_REQUIRE_VLLM=1."""
@@ -38,8 +41,11 @@ from tests.vllm.model import perturbed as perturb
 from vllm.conftest import vllm_python
 
 PORT = 18200
+HERE = Path(__file__).parent
 VLLM = kinds.get("vllm").client
 SHORT, LONG = 400, 4000  # streamed tokens in wait and abort updates; LONG fits --max-model-len and 4096 positions
+PROMPT = list(range(1, 9))  # the long calls' prompt ids
+HELD, HOLD = "continue-held", 32  # the continue step's call, held by vLLM's engine core at 32 tokens until a pause
 pytestmark = pytest.mark.timeout(1200)
 
 
@@ -116,16 +122,64 @@ async def _whole(http: aiohttp.ClientSession, url: str, max_tokens: int) -> dict
     return {"finish": choice["finish_reason"], "tokens": len(choice["token_ids"] or [])}
 
 
-async def _proxy_stream(http: aiohttp.ClientSession, url: str) -> Sampled:
-    """A long call as the proxy streams it from vLLM, read by the proxy's own vLLM client."""
-    path, body = VLLM.generate(list(range(1, 9)), Sampling(LONG), True, "held-in-flight")
+async def _proxy_stream(http: aiohttp.ClientSession, url: str, rid: str = "held-in-flight",
+                        first: asyncio.Event | None = None, go: asyncio.Event | None = None,
+                        spans: list | None = None, read: list | None = None) -> Sampled:
+    """A long greedy call as the proxy streams it from vLLM, read by the proxy's own vLLM client;
+    `first` is set once its first token reached here (reading then waits for `go`), `spans` gets
+    vLLM's own weight_versions and `read` the token ids as they arrive."""
+    sampling = Sampling(LONG, temperature=0.0, controls={"ignore_eos": True})
+    path, body = VLLM.generate(PROMPT, sampling, True, rid)
     reader = VLLM.Generation()
     async with http.post(url + path, json=body) as r:
         assert r.status == 200, await r.text()
         async for line in r.content:
             if line.startswith(b"data: {"):
-                reader.feed(json.loads(line[6:]))
+                event = json.loads(line[6:])
+                reader.feed(event)
+                for choice in event["choices"]:
+                    (spans if spans is not None else []).extend(choice.get("weight_versions") or [])
+                    (read if read is not None else []).extend(choice.get("token_ids") or [])
+                    if first is not None and go is not None and choice.get("token_ids") and not first.is_set():
+                        first.set()
+                        await go.wait()
     return reader.result()
+
+
+async def _continue_while_decoding(client: Client, url: str, key: str, path: Path, version: str,
+                                   mode: str, log_path: Path) -> tuple:
+    """One long call decoding at vLLM when the update is sent: the update goes once the call's
+    first token has reached the test (so vLLM had sampled it before the pause; the test reads no
+    more until the update is done), and vLLM's engine core holds the call at HOLD tokens until the
+    update's pause is queued (`hold/`), so the pause finds it unfinished, whatever this machine's
+    load, and vLLM has sampled more than the test had read."""
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+        first, go, spans, read = asyncio.Event(), asyncio.Event(), [], []
+        call = asyncio.create_task(_proxy_stream(http, url, HELD, first, go, spans, read))
+        await asyncio.wait_for(first.wait(), 300)
+        sent_after = len(read)  # tokens the test had read when it sent the update
+        update = await asyncio.to_thread(client.update_weights, path, version, mode)
+        go.set()
+        held = await call
+        log = (await asyncio.to_thread(log_path.read_text)).count(f"held at {HOLD} tokens until a pause was queued")
+        return update, held, spans, log, sent_after
+
+
+async def _greedy_after(http: aiohttp.ClientSession, url: str, ids: list[int], n: int) -> tuple[list[int], list[float]]:
+    """vLLM's greedy `n` tokens after the prompt ids `ids`, on the weights it serves now."""
+    body = {"model": "tiny", "prompt": ids, "max_tokens": n, "temperature": 0, "ignore_eos": True, "logprobs": 0,
+            "return_token_ids": True}
+    async with http.post(f"{url}/v1/completions", json=body) as r:
+        assert r.status == 200, await r.text()
+        choice = (await r.json())["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+def _greedy_ids(url: str, key: str, ids: list[int], n: int) -> tuple[list[int], list[float]]:
+    async def call():
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+            return await _greedy_after(http, url, ids, n)
+    return asyncio.run(call())
 
 
 async def _update_while_streaming(client: Client, url: str, key: str, path: Path, version: str, mode: str,
@@ -166,7 +220,7 @@ def _engine_detail(client: Client) -> list[str]:
     return [m.detail for m in client.run_status().members if m.kind == "engine" and m.up]
 
 
-def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
+def test_vllm_step_weights_in_every_mode_and_clean_stop(tmp_path: Path) -> None:
     python, model = str(vllm_python()), model_dir()
     run = tmp_path / "run"
     run.mkdir()
@@ -178,7 +232,9 @@ def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
                 "  extra_args: [--enforce-eager, --dtype, float32, --max-model-len, '4096', --enable-log-requests]\n"
                 "gateway:\n  heartbeat_s: 0.5\nservice:\n  enabled: true\n")
     orch, _ = start_orchestrator(run, topology, None)
-    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1", "HF_HUB_OFFLINE": "1"}  # a bad path is no hub id
+    env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1", "HF_HUB_OFFLINE": "1",  # a bad path is no hub id
+                        "PYTHONPATH": os.pathsep.join([str(HERE / "hold"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                        "POLAR_TEST_HOLD": f"{HELD}:{HOLD}"}  # hold/: vLLM's engine core holds the continue step's call
     step = subprocess.Popen([sys.executable, "-m", "polar_hpc", "engine", "--kind", "vllm", "--run-dir", str(run)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     client = Client(run, timeout_s=300)
@@ -191,6 +247,9 @@ def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
         (detail,) = _engine_detail(client)
         url = detail.split()[0]
         assert detail == f"{url} weights v0" and url.endswith(f":{PORT}")
+        auth = {"Authorization": f"Bearer {key}"}
+        with urllib.request.urlopen(urllib.request.Request(url + "/weight_info", headers=auth)) as r:
+            assert json.load(r) == {"weight_version": "v0"}  # the step set vLLM's own label
         assert (run / "cache" / f"engine-{os.uname().nodename}-0").is_dir()  # VLLM_CACHE_ROOT inside the run
         server_pids = _descendants(step.pid)
         assert server_pids
@@ -227,6 +286,25 @@ def test_vllm_step_weights_in_both_modes_and_clean_stop(tmp_path: Path) -> None:
         with urllib.request.urlopen(urllib.request.Request(url + "/is_paused", headers={"Authorization": f"Bearer {key}"})) as r:
             assert json.load(r) == {"is_paused": False}
         assert _greedy(url, key) == original and _engine_detail(client) == [f"{url} weights v2"]
+
+        # continue: a call decoding on v2 goes on across the update to v3 on the perturbed weights
+        before = _greedy_ids(url, key, PROMPT, HOLD + 32)  # v2's greedy tokens, to tell them from v3's
+        update, held, spans, hold_lines, sent_after = asyncio.run(
+            _continue_while_decoding(client, url, key, perturbed, "v3", "continue", log))
+        assert update.errors == [], update
+        assert (held.finish, len(held.ids), len(held.logprobs)) == ("length", LONG, LONG)
+        assert held.token_versions is not None, (f"every token {held.weight_version}: the call was not held across "
+                                                 f"the update (it ended before the {update.mode} update's pause took)")
+        n = held.token_versions.count("v2")
+        assert held.token_versions == ["v2"] * n + ["v3"] * (LONG - n), held.token_versions[:70]
+        held_or_sooner = (n == HOLD) if hold_lines == 1 else (hold_lines == 0 and 0 < n < HOLD)
+        assert held_or_sooner, f"{n} tokens of v2, {hold_lines} holds, {sent_after} read when the update was sent"
+        assert spans == [{"version": "v2", "start": 0, "end": n}, {"version": "v3", "start": n, "end": LONG}]  # vLLM's
+        assert held.ids[:n] == before[0][:n] and held.logprobs[:n] == pytest.approx(before[1][:n], abs=1e-4)
+        after = _greedy_ids(url, key, PROMPT + held.ids[:n], 32)  # v3's greedy tokens from the boundary on
+        assert held.ids[n:n + 32] == after[0] and held.logprobs[n:n + 32] == pytest.approx(after[1], abs=1e-4)
+        assert held.ids[n:n + 32] != before[0][n:n + 32]  # the weights changed at the boundary
+        assert update.mode == "continue" and _engine_detail(client) == [f"{url} weights v3"]
 
         step.send_signal(signal.SIGTERM)
         assert step.wait(120) == 0, step.stdout.read()

