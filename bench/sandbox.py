@@ -57,7 +57,7 @@ from polar_hpc import wire
 from polar_hpc.config import PoolConfig, SandboxConfig, Task
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
 from polar_hpc.proxy import relay
-from polar_hpc.sandbox import ExecResult, Sandbox, backend, bwrap
+from polar_hpc.sandbox import ExecResult, Sandbox, backend, bwrap, launcher
 from polar_hpc.sandbox.base import INSIDE, MARKER
 from polar_hpc.shards.writer import ShardWriter
 
@@ -135,7 +135,8 @@ async def launcher_cpu_ms(tmp: Path, n: int) -> tuple[float, float]:
     for _ in range(n):
         for i, (argv, env) in enumerate(launchers):
             chain = argv[argv.index("--") + 1:] if "--" in argv else argv  # what bwrap would start
-            chain = [str(INSIDE) if a == sb.inside else a for a in chain]  # where the sandbox binds it
+            chain = [str(INSIDE) if a == sb.inside else str(launcher.path()) if a == sb.compiled else a
+                     for a in chain]  # where the sandbox binds them
             c0 = _cpu_s()
             proc = await asyncio.create_subprocess_exec(*chain, env=env, stdin=DEVNULL)
             await proc.wait()

@@ -45,7 +45,7 @@ from polar_hpc import metrics, procs, security, wire
 from polar_hpc.config import Topology, load_topology
 from polar_hpc.errors import ChildFailed
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
-from polar_hpc.sandbox import Cgroups, SandboxError, backend
+from polar_hpc.sandbox import Cgroups, SandboxError, backend, launcher
 from polar_hpc.sandbox.cgroups import run_key
 from polar_hpc.shards.writer import ShardWriter
 
@@ -183,6 +183,8 @@ class _Gateway:
             loop.add_signal_handler(sig, log.info, "signal %s: left to the driver", sig)
         log.info("CUDA_VISIBLE_DEVICES=%s", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
         tmp_root = Path(tempfile.mkdtemp(prefix=f"polar-{opts.gateway_id}-", dir=opts.tmp_dir))
+        if os.environ.get(launcher.FORCE) != "fallback":
+            launcher.build(tmp_root)  # once, before any sandbox (a failure is logged once)
         try:
             make_sandbox, warning = backend(self.topology.sandbox, tmp_root.parent, (opts.run_dir.resolve(),),
                                             self.cgroups)

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar_hpc.errors import PolarError
-from polar_hpc.sandbox import files
+from polar_hpc.sandbox import files, launcher
 from polar_hpc.sandbox import cgroups as cg
 from polar_hpc.sandbox.inside import RELAY_TOKEN
 from polar_hpc.sandbox.limits import Limits
@@ -323,6 +323,11 @@ class Sandbox:
             stop.set()  # a cancelled copy stops at its next MiB
 
     def _joined(self, argv: list[str]) -> list[str]:
+        """`argv` started in the sandbox's cgroup: by the compiled launcher where there is one, else a shell."""
+        exe = launcher.path() if self._cgroup else None
+        if exe is not None:
+            assert self._cgroup is not None
+            return [str(exe), *(a for f in self._cgroup.join_files() for a in ("--join", f)), "--", *argv]
         return self._cgroup.wrap(argv) if self._cgroup else argv
 
     @property

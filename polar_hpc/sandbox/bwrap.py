@@ -62,7 +62,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from polar_hpc.sandbox import checkouts
+from polar_hpc.sandbox import checkouts, launcher
 from polar_hpc.sandbox.base import INSIDE, MARKER, SandboxError
 from polar_hpc.sandbox.inside import ENV_PREFIX, RELAY_TOKEN
 from polar_hpc.sandbox.layer import ROOT_CAPS, STAGE, ImageConfig, Layer, open_up, user_ids
@@ -185,6 +185,7 @@ class BwrapSandbox(RunsAs):
     binds_mounts = True
     cgroup_sealed = True  # commands join the cgroup before bwrap starts; /sys/fs/cgroup is read-only inside
     inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
+    compiled = "/run/polar/launcher"  # the compiled launcher (launcher.py), bound there
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -226,8 +227,11 @@ class BwrapSandbox(RunsAs):
 
     def _process(self, command: str, env: dict[str, str], cwd: str | None = None,
                  user: str | None = None) -> tuple[list[str], dict[str, str]]:
-        tools = None if self.rootfs else host_tools()
         variables = self._command_environment(env)
+        if not self.rootfs and launcher.path() is not None:  # all of inside.py's work, in C
+            argv = [self.compiled, *self._launch_options(RELAY_TOKEN in env), "--", "/bin/sh", "-c", command]
+            return self._joined(self._wrap(argv, cwd, user)), _prefixed(variables, env.get(RELAY_TOKEN))
+        tools = None if self.rootfs else host_tools()
         if tools is None or not all(_RESTORABLE.fullmatch(k) and k not in _READ_ONLY for k in variables):
             return super()._process(command, env, cwd, user)  # inside.py for all of it
         relay = RELAY_TOKEN in env
@@ -272,6 +276,8 @@ class BwrapSandbox(RunsAs):
         args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
         if self.inside in argv:  # what the launcher uses, only (each bind costs bwrap some time)
             args += _traversable(self.inside, made) + ["--ro-bind", str(INSIDE), self.inside]
+        if argv[0] == self.compiled:
+            args += _traversable(self.compiled, made) + ["--ro-bind", str(launcher.path()), self.compiled]
         if self.relayed and "--relay" in argv:
             args += _traversable(self.proxy_socket_inside, made) + ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
         args += _traversable(ws, made) + ["--bind", ws, ws, "--chdir", cwd or ws]
