@@ -5,16 +5,17 @@
   --starts. cold_start_cpu_ms: the CPU time of this process and the children it reaps over the
   same span; what runs inside bwrap's PID namespace is reaped there and not counted, so
   launcher_cpu_ms gives the CPU time of the in-sandbox launcher with the sandbox's own options
-  (on bwrap the host's prlimit, setpriv for a root gateway, then the command's own `sh -c` that
-  restores its variables and runs `true`) run alone outside bwrap, median of --starts;
+  (on bwrap the compiled launcher, then `sh -c true`; with POLAR_SANDBOX_LAUNCHER=fallback the
+  host's prlimit, setpriv for a root gateway, then the command's own `sh -c` that restores its
+  variables and runs `true`) run alone outside bwrap, median of --starts;
   python_launcher_cpu_ms that of `python3 -I -S inside.py` doing the same (the launcher in an
-  image or on a host without those tools; a harness command without network runs it, with
-  `--relay` only, after the host's tools).
+  image or, on the fallback, on a host without those tools; there a harness command without
+  network runs it, with `--relay` only, after the host's tools).
 - relayed_exec_ms / plain_exec_ms: medians of `exec("true")` in one started sandbox without network,
   in turns, with the session's token (the launcher first hands a listener to a relay socket served
   here by the proxy's own `relay.Handoffs`, which keeps it) and without.
 - Where a cold start's time goes (medians, same run): start_ms (`start()`), exec_ms (`exec("true")`:
-  the cgroup-joining shell, bwrap, the launcher), our_bwrap_ms (the sandbox's own bwrap command
+  the cgroup join, bwrap, the launcher), our_bwrap_ms (the sandbox's own bwrap command
   line, its mounts and namespaces, running /bin/true itself: no cgroup join, no launcher);
   shown_dirs: how many host folders hold this interpreter and the PATH (`bwrap.shown_dirs`); those
   under a cover (/tmp, /root, /home, a checkout) that line binds back, a bind mount each.

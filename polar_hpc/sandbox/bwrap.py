@@ -26,11 +26,16 @@ top-level entries read-only, where their mount points can be made.
 Who it runs as (owner.py): a gateway that is not root runs bwrap in a user namespace, where bwrap
 drops every capability; the command's host uid is the gateway's. A gateway running as root (as in
 CI) runs bwrap without a user namespace and with only the capabilities to change user, and
-`inside.py --user` drops to `run_as` for good before the command starts: no capability,
+the launcher (`--user`) drops to `run_as` for good before the command starts: no capability,
 no_new_privs, root-only host files unreadable. Its process bound is then the sandbox's pids
 cgroup; without one RLIMIT_NPROC is set, which counts its processes alone (the uid is its own).
 
-The launcher before each command: on the host's root, where the host has util-linux's `prlimit`
+The launcher before each command, on the host's root: the compiled one (launcher.py, launcher.c:
+no Python; bound at /run/polar/launcher), which the same binary's `--join` on the host puts in
+the sandbox's cgroup before bwrap starts: `cgroup-join -> bwrap -> launcher -> /bin/sh -c CMD`.
+It sets the limits, ignores SIGXFSZ, drops to `run_as`, hands the proxy its listener (`--relay`)
+and execs the command's shell with the POLAR_ENV_* variables restored (any name). Without it
+(no `cc`; POLAR_SANDBOX_LAUNCHER=fallback), where the host has util-linux's `prlimit`
 and `setpriv` (one that knows `--ambient-caps`), it is those: `prlimit` sets RLIMIT_NPROC and
 RLIMIT_AS where they are needed (else it is not run), `setpriv` drops to `run_as` (a root gateway:
 no supplementary groups, every capability set emptied, no_new_privs), then the command's own
@@ -39,15 +44,16 @@ SIGXFSZ (as Python does: a write past the file size bound fails with EFBIG) and 
 POLAR_ENV_NAME into NAME, then runs the command's text (one shell, no second one). The
 command's variables travel as POLAR_ENV_* in the environment (readable by its owner alone), never
 in a command line, and reach no code before the drop. Python runs only for the proxy relay
-(`inside.py --relay`, after the drop). In an image, without those tools, or for a variable name
-that shell cannot restore, `inside.py` does all of it (`--prefixed-env`).
+(`inside.py --relay`, after the drop). In an image (its own python3), on that fallback without
+those tools, or for a variable name that shell cannot restore, `inside.py` does all of it
+(`--prefixed-env`).
 
 Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
 (or the command ending) takes every process it started with it: nothing outlives its command.
 With network `none` or `proxy-only` the command gets a network namespace with only loopback; the
-proxy's relay socket is bound at /run/polar/proxy.sock, where `inside.py --relay` hands the proxy a
-listener on the command's own 127.0.0.1:47111 (proxy/relay.py) for a harness command. inside.py
-and the socket are bound only into a command whose launcher uses them.
+proxy's relay socket is bound at /run/polar/proxy.sock, where the launcher's `--relay` hands the
+proxy a listener on the command's own 127.0.0.1:47111 (proxy/relay.py) for a harness command.
+The launcher, inside.py and the socket are bound only into a command that uses them.
 With `host` the host network is shared.
 """
 
