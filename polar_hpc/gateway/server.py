@@ -183,8 +183,6 @@ class _Gateway:
             loop.add_signal_handler(sig, log.info, "signal %s: left to the driver", sig)
         log.info("CUDA_VISIBLE_DEVICES=%s", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
         tmp_root = Path(tempfile.mkdtemp(prefix=f"polar-{opts.gateway_id}-", dir=opts.tmp_dir))
-        if os.environ.get(launcher.FORCE) != "fallback":
-            launcher.build(tmp_root)  # once, before any sandbox (a failure is logged once)
         try:
             make_sandbox, warning = backend(self.topology.sandbox, tmp_root.parent, (opts.run_dir.resolve(),),
                                             self.cgroups)
@@ -194,6 +192,8 @@ class _Gateway:
             return 2
         if warning:
             log.warning(warning)
+        if os.environ.get(launcher.FORCE) != "fallback":
+            launcher.build(tmp_root)  # once, before any sandbox (a failure is logged once)
         proxy_sock = self.ctx.socket(zmq.ROUTER)
         proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
         proxy_sock.bind(proxy_endpoint)
