@@ -5,19 +5,23 @@
   --starts. cold_start_cpu_ms: the CPU time of this process and the children it reaps over the
   same span; what runs inside bwrap's PID namespace is reaped there and not counted, so
   launcher_cpu_ms gives the CPU time of the in-sandbox launcher with the sandbox's own options
-  (on bwrap the host's prlimit, setpriv for a root gateway, then the command's own `sh -c` that
-  restores its variables and runs `true`) run alone outside bwrap, median of --starts;
+  (on bwrap the compiled launcher, then `sh -c true`; with POLAR_SANDBOX_LAUNCHER=fallback the
+  host's prlimit, setpriv for a root gateway, then the command's own `sh -c` that restores its
+  variables and runs `true`) run alone outside bwrap, median of --starts;
   python_launcher_cpu_ms that of `python3 -I -S inside.py` doing the same (the launcher in an
-  image or on a host without those tools; a harness command without network runs it, with
-  `--relay` only, after the host's tools).
+  image or, on the fallback, on a host without those tools; there a harness command without
+  network runs it, with `--relay` only, after the host's tools).
 - relayed_exec_ms / plain_exec_ms: medians of `exec("true")` in one started sandbox without network,
   in turns, with the session's token (the launcher first hands a listener to a relay socket served
   here by the proxy's own `relay.Handoffs`, which keeps it) and without.
 - Where a cold start's time goes (medians, same run): start_ms (`start()`), exec_ms (`exec("true")`:
-  the cgroup-joining shell, bwrap, the launcher), our_bwrap_ms (the sandbox's own bwrap command
+  the cgroup join, bwrap, the launcher), our_bwrap_ms (the sandbox's own bwrap command
   line, its mounts and namespaces, running /bin/true itself: no cgroup join, no launcher);
   shown_dirs: how many host folders hold this interpreter and the PATH (`bwrap.shown_dirs`); those
   under a cover (/tmp, /root, /home, a checkout) that line binds back, a bind mount each.
+- cold_start_fallback_ms, relayed_exec_fallback_ms: the same on the launcher a gateway without a
+  compiler falls back to (POLAR_SANDBOX_LAUNCHER=fallback: the host's prlimit/setpriv, inside.py
+  to relay), interleaved with the others.
 - bare_bwrap_ms: in the same run, interleaved with the cold starts, `bwrap --ro-bind / / --dev /dev
   --proc /proc --unshare-all --die-with-parent --new-session true` started the same way as
   our_bwrap (asyncio, piped output); cold_to_bare_ratio = cold_start_ms / bare_bwrap_ms (goal <= 2).
@@ -43,7 +47,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import resource
 import shutil
 import statistics
@@ -51,13 +57,14 @@ import sys
 import tempfile
 import time
 from asyncio.subprocess import DEVNULL, PIPE
+from collections.abc import Iterator
 from pathlib import Path
 
 from polar_hpc import wire
 from polar_hpc.config import PoolConfig, SandboxConfig, Task
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
 from polar_hpc.proxy import relay
-from polar_hpc.sandbox import ExecResult, Sandbox, backend, bwrap
+from polar_hpc.sandbox import ExecResult, Sandbox, backend, bwrap, launcher
 from polar_hpc.sandbox.base import INSIDE, MARKER
 from polar_hpc.shards.writer import ShardWriter
 
@@ -70,7 +77,7 @@ async def cold_starts(tmp: Path, n: int) -> dict[str, float]:
     """Medians of `n` cold starts and of their parts, with our bwrap alone and a bare one, in turns."""
     make, _ = backend(SandboxConfig(), tmp)
     (tmp / "agent.py").write_text("print('hi')\n")
-    taken: dict[str, list[float]] = {k: [] for k in ("cold", "cpu", "start", "exec", "ours", "bare")}
+    taken: dict[str, list[float]] = {k: [] for k in ("cold", "cpu", "start", "exec", "ours", "bare", "fallback")}
     for i in range(n):
         t0, c0 = time.perf_counter(), _cpu_s()
         sb = make(tmp / f"cold{i}", {"agent.py": str(tmp / "agent.py")}, [], "none")
@@ -88,6 +95,13 @@ async def cold_starts(tmp: Path, n: int) -> dict[str, float]:
         await sb.stop()
         if shutil.which("bwrap"):
             taken["bare"].append(await _spawned(BARE, None))
+        with _fallback():
+            t0 = time.perf_counter()
+            sb = make(tmp / f"fallback{i}", {"agent.py": str(tmp / "agent.py")}, [], "none")
+            await sb.start()
+            await sb.exec("true", {}, 30)
+            taken["fallback"].append(time.perf_counter() - t0)
+            await sb.stop()
     return {k: 1000 * statistics.median(v) if v else float("nan") for k, v in taken.items()}
 
 
@@ -101,19 +115,31 @@ async def _spawned(argv: list[str], env: dict[str, str] | None) -> float:
     return time.perf_counter() - t0
 
 
-async def relayed_execs(tmp: Path, n: int) -> tuple[float, float]:
-    """Medians (ms) of exec("true") with the session's token (a listener handed over) and without."""
+@contextlib.contextmanager
+def _fallback() -> Iterator[None]:
+    """The launcher without a compiler's (POLAR_SANDBOX_LAUNCHER=fallback) for what runs inside."""
+    os.environ[launcher.FORCE] = "fallback"
+    try:
+        yield
+    finally:
+        del os.environ[launcher.FORCE]
+
+
+async def relayed_execs(tmp: Path, n: int) -> tuple[float, float, float]:
+    """Medians (ms) of exec("true") with the session's token (a listener handed over), without,
+    and with it on the fallback launcher."""
     kept: list = []
     handoffs = relay.Handoffs(tmp / "relay.sock", lambda token, sock: kept.append(sock))
     make, _ = backend(SandboxConfig(), tmp)
     sb = make(tmp / "relayed", {}, [], "none", proxy_socket=tmp / "relay.sock")
     await sb.start()
-    taken: list[list[float]] = [[], []]
+    taken: list[list[float]] = [[], [], []]
     try:
         for _ in range(n):
-            for i, token in enumerate(("session-token", None)):
-                t0 = time.perf_counter()
-                result = await sb.exec("true", {}, 30, token=token)
+            for i, token in enumerate(("session-token", None, "session-token")):
+                with _fallback() if i == 2 else contextlib.nullcontext():
+                    t0 = time.perf_counter()
+                    result = await sb.exec("true", {}, 30, token=token)
                 taken[i].append(time.perf_counter() - t0)
                 if result.returncode != 0:
                     sys.exit(f"exec failed: {result.stderr.decode(errors='replace')[-1000:]}")
@@ -122,7 +148,8 @@ async def relayed_execs(tmp: Path, n: int) -> tuple[float, float]:
         handoffs.close()
         for sock in kept:
             sock.close()
-    return 1000 * statistics.median(taken[0]), 1000 * statistics.median(taken[1])
+    relayed, plain, relayed_fallback = (1000 * statistics.median(t) for t in taken)
+    return relayed, plain, relayed_fallback
 
 
 async def launcher_cpu_ms(tmp: Path, n: int) -> tuple[float, float]:
@@ -135,7 +162,8 @@ async def launcher_cpu_ms(tmp: Path, n: int) -> tuple[float, float]:
     for _ in range(n):
         for i, (argv, env) in enumerate(launchers):
             chain = argv[argv.index("--") + 1:] if "--" in argv else argv  # what bwrap would start
-            chain = [str(INSIDE) if a == sb.inside else a for a in chain]  # where the sandbox binds it
+            chain = [str(INSIDE) if a == sb.inside else str(launcher.path()) if a == bwrap.BwrapSandbox.compiled else a
+                     for a in chain]  # where the sandbox binds them
             c0 = _cpu_s()
             proc = await asyncio.create_subprocess_exec(*chain, env=env, stdin=DEVNULL)
             await proc.wait()
@@ -231,7 +259,7 @@ async def main() -> None:
         tmp = Path(d)
         cold = await cold_starts(tmp, args.starts)
         launcher, python_launcher = await launcher_cpu_ms(tmp, args.starts)
-        relayed, plain = await relayed_execs(tmp, args.starts)
+        relayed, plain, relayed_fallback = await relayed_execs(tmp, args.starts)
         busy_pool, acquire = await staged(tmp, args.run_s, args.slots, pooled=True)
         busy_nopool, _ = await staged(tmp, args.run_s, args.slots, pooled=False)
     print(f"{args.slots} RUN slots x 16 sessions, run {args.run_s}s, init run/2, postrun run/4")
@@ -246,8 +274,10 @@ async def main() -> None:
         "python_launcher_cpu_ms": round(python_launcher, 2),
         "relayed_exec_ms": round(relayed, 2),
         "plain_exec_ms": round(plain, 2),
+        "relayed_exec_fallback_ms": round(relayed_fallback, 2),
         "bare_bwrap_ms": round(cold["bare"], 2),
         "cold_to_bare_ratio": round(cold["cold"] / cold["bare"], 2),
+        "cold_start_fallback_ms": round(cold["fallback"], 2),
         "pooled_acquire_ms": round(acquire, 3),
         "run_slot_busy_with_pool": round(busy_pool, 3),
         "run_slot_busy_without_pool": round(busy_nopool, 3),

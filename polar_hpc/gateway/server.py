@@ -45,7 +45,7 @@ from polar_hpc import metrics, procs, security, wire
 from polar_hpc.config import Topology, load_topology
 from polar_hpc.errors import ChildFailed
 from polar_hpc.gateway.pipeline import Pipeline, ProxyLink
-from polar_hpc.sandbox import Cgroups, SandboxError, backend
+from polar_hpc.sandbox import Cgroups, SandboxError, backend, launcher
 from polar_hpc.sandbox.cgroups import run_key
 from polar_hpc.shards.writer import ShardWriter
 
@@ -192,6 +192,8 @@ class _Gateway:
             return 2
         if warning:
             log.warning(warning)
+        if os.environ.get(launcher.FORCE) != "fallback":
+            launcher.build(tmp_root)  # once, before any sandbox (a failure is logged once)
         proxy_sock = self.ctx.socket(zmq.ROUTER)
         proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
         proxy_sock.bind(proxy_endpoint)

@@ -1,6 +1,7 @@
 """Listeners that sandboxes hand to the proxy, so a harness without network reaches it with no relay process.
 
-`sandbox/inside.py --relay PORT=SOCKET`, before it execs a harness command, makes a listening TCP
+The sandbox's launcher (`sandbox/launcher.c` or `inside.py`) with `--relay PORT=SOCKET`, before it
+execs a harness command, makes a listening TCP
 socket on 127.0.0.1:PORT in the sandbox's own network namespace and sends it here, with the
 session's token, over the Unix socket SOCKET (`Handoffs`, SOCK_SEQPACKET: one message of at most
 `MAX_MESSAGE` bytes, the token, carrying one descriptor by SCM_RIGHTS). A socket keeps the network
@@ -13,7 +14,7 @@ The sandbox is hostile, so the handoff is bounded and checked:
 - the descriptor must be a listening (SO_ACCEPTCONN) SOCK_STREAM AF_INET socket bound to 127.0.0.1
   (`checked`), and the token that of an open session (`take`, given by the proxy: it binds the
   listener to that session, closing the one it had, so a session holds at most one);
-- the answer is one message: b"ok", or b"refused: REASON" (inside.py then fails the command).
+- the answer is one message: b"ok", or b"refused: REASON" (the launcher then fails the command).
 `Listener` accepts on a kept socket (and on the relay socket itself) with the loop's reader and
 its own non-blocking accept, not `loop.create_server`: uvloop's server spins on a listener its
 sandbox shut down under it; here any error but "nothing to accept" or a full file table (a pause

@@ -4,14 +4,15 @@ A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root
 - `start()` makes them (and, per backend, the container instance), uploads the task's files and
   runs its prepare commands; `SandboxError` when any of that fails.
 - `exec(command, env, timeout_s, max_output, cwd=, user=, token=)` runs `/bin/sh -c command`
-  through a launcher (limits, the drop to `run_as`: `inside.py`, or host tools where bwrap.py can)
+  through a launcher (limits, the drop to `run_as`: `inside.py`, or the compiled launcher or host
+  tools where bwrap.py can)
   and kills the command's whole tree at the timeout or when it breaks a limit (`ExecResult.limit`
   says which). It starts in the workspace, or in `cwd` (a folder as the sandbox shows it: an
   image's `workdir`); it runs as the backend's user, or, in an image, as `user` (a name, uid,
   `name:group`; as `docker exec -u` takes it) where given. A backend that cannot honour either
   refuses the command (`SandboxError`). With the session's `token`, a sandbox without network
-  (`relayed`) first hands the proxy a listener on 127.0.0.1:RELAY_PORT inside (`inside.py
-  --relay`, proxy/relay.py): the command reaches its proxy there (`proxy_url`); other commands
+  (`relayed`) first hands the proxy a listener on 127.0.0.1:RELAY_PORT inside (the launcher's
+  `--relay`, proxy/relay.py): the command reaches its proxy there (`proxy_url`); other commands
   (prepare, evaluators) do not.
 - `workdir`: the image's WorkingDir where the sandbox runs an image ("/" where the image sets
   none, as a container starts there), else None.
@@ -31,7 +32,8 @@ A `Sandbox` owns a private workspace (its cwd) and a private tmp under its `root
 
 Processes are found and killed by `processes.Processes`: the process groups of the commands
 started, the environment marker `POLAR_SANDBOX_ID` every process inherits, and the sandbox's cgroup
-when there is one (cgroups.py: `cgroups` owns it, `cgroups.local()` by default; it also bounds the
+when there is one (cgroups.py: `cgroups` owns it, `cgroups.local()` by default; each command joins
+it before it starts, through the compiled launcher's `--join` where there is one; it also bounds the
 sandbox's CPU, and is frozen and killed whole before the per-process kill; where no command can
 leave it, `cgroup_sealed` (bwrap: every command joins it before bwrap starts, /sys is read-only
 inside), its member list is complete and /proc is not scanned). Verification needs more than the
@@ -53,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar_hpc.errors import PolarError
-from polar_hpc.sandbox import files
+from polar_hpc.sandbox import files, launcher
 from polar_hpc.sandbox import cgroups as cg
 from polar_hpc.sandbox.inside import RELAY_TOKEN
 from polar_hpc.sandbox.limits import Limits
@@ -323,6 +325,11 @@ class Sandbox:
             stop.set()  # a cancelled copy stops at its next MiB
 
     def _joined(self, argv: list[str]) -> list[str]:
+        """`argv` started in the sandbox's cgroup: by the compiled launcher where there is one, else a shell."""
+        exe = launcher.path() if self._cgroup else None
+        if exe is not None:
+            assert self._cgroup is not None
+            return [str(exe), *(a for f in self._cgroup.join_files() for a in ("--join", f)), "--", *argv]
         return self._cgroup.wrap(argv) if self._cgroup else argv
 
     @property

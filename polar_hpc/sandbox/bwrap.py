@@ -26,11 +26,16 @@ top-level entries read-only, where their mount points can be made.
 Who it runs as (owner.py): a gateway that is not root runs bwrap in a user namespace, where bwrap
 drops every capability; the command's host uid is the gateway's. A gateway running as root (as in
 CI) runs bwrap without a user namespace and with only the capabilities to change user, and
-`inside.py --user` drops to `run_as` for good before the command starts: no capability,
+the launcher (`--user`) drops to `run_as` for good before the command starts: no capability,
 no_new_privs, root-only host files unreadable. Its process bound is then the sandbox's pids
 cgroup; without one RLIMIT_NPROC is set, which counts its processes alone (the uid is its own).
 
-The launcher before each command: on the host's root, where the host has util-linux's `prlimit`
+The launcher before each command, on the host's root: the compiled one (launcher.py, launcher.c:
+no Python; bound at /run/polar/launcher), which the same binary's `--join` on the host puts in
+the sandbox's cgroup before bwrap starts: `cgroup-join -> bwrap -> launcher -> /bin/sh -c CMD`.
+It sets the limits, ignores SIGXFSZ, drops to `run_as`, hands the proxy its listener (`--relay`)
+and execs the command's shell with the POLAR_ENV_* variables restored (any name). Without it
+(no `cc`; POLAR_SANDBOX_LAUNCHER=fallback), where the host has util-linux's `prlimit`
 and `setpriv` (one that knows `--ambient-caps`), it is those: `prlimit` sets RLIMIT_NPROC and
 RLIMIT_AS where they are needed (else it is not run), `setpriv` drops to `run_as` (a root gateway:
 no supplementary groups, every capability set emptied, no_new_privs), then the command's own
@@ -39,15 +44,16 @@ SIGXFSZ (as Python does: a write past the file size bound fails with EFBIG) and 
 POLAR_ENV_NAME into NAME, then runs the command's text (one shell, no second one). The
 command's variables travel as POLAR_ENV_* in the environment (readable by its owner alone), never
 in a command line, and reach no code before the drop. Python runs only for the proxy relay
-(`inside.py --relay`, after the drop). In an image, without those tools, or for a variable name
-that shell cannot restore, `inside.py` does all of it (`--prefixed-env`).
+(`inside.py --relay`, after the drop). In an image (its own python3), on that fallback without
+those tools, or for a variable name that shell cannot restore, `inside.py` does all of it
+(`--prefixed-env`).
 
 Each command runs in a new PID namespace with `--die-with-parent`, so killing the bwrap process
 (or the command ending) takes every process it started with it: nothing outlives its command.
 With network `none` or `proxy-only` the command gets a network namespace with only loopback; the
-proxy's relay socket is bound at /run/polar/proxy.sock, where `inside.py --relay` hands the proxy a
-listener on the command's own 127.0.0.1:47111 (proxy/relay.py) for a harness command. inside.py
-and the socket are bound only into a command whose launcher uses them.
+proxy's relay socket is bound at /run/polar/proxy.sock, where the launcher's `--relay` hands the
+proxy a listener on the command's own 127.0.0.1:47111 (proxy/relay.py) for a harness command.
+The launcher, inside.py and the socket are bound only into a command that uses them.
 With `host` the host network is shared.
 """
 
@@ -62,7 +68,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from polar_hpc.sandbox import checkouts
+from polar_hpc.sandbox import checkouts, launcher
 from polar_hpc.sandbox.base import INSIDE, MARKER, SandboxError
 from polar_hpc.sandbox.inside import ENV_PREFIX, RELAY_TOKEN
 from polar_hpc.sandbox.layer import ROOT_CAPS, STAGE, ImageConfig, Layer, open_up, user_ids
@@ -185,6 +191,7 @@ class BwrapSandbox(RunsAs):
     binds_mounts = True
     cgroup_sealed = True  # commands join the cgroup before bwrap starts; /sys/fs/cgroup is read-only inside
     inside = "/run/polar/inside.py"  # bound there, so a source tree under /tmp does not hide it
+    compiled = "/run/polar/launcher"  # the compiled launcher (launcher.py), bound there
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -226,8 +233,11 @@ class BwrapSandbox(RunsAs):
 
     def _process(self, command: str, env: dict[str, str], cwd: str | None = None,
                  user: str | None = None) -> tuple[list[str], dict[str, str]]:
-        tools = None if self.rootfs else host_tools()
         variables = self._command_environment(env)
+        if not self.rootfs and launcher.path() is not None:  # all of inside.py's work, in C
+            argv = [self.compiled, *self._launch_options(RELAY_TOKEN in env), "--", "/bin/sh", "-c", command]
+            return self._joined(self._wrap(argv, cwd, user)), _prefixed(variables, env.get(RELAY_TOKEN))
+        tools = None if self.rootfs else host_tools()
         if tools is None or not all(_RESTORABLE.fullmatch(k) and k not in _READ_ONLY for k in variables):
             return super()._process(command, env, cwd, user)  # inside.py for all of it
         relay = RELAY_TOKEN in env
@@ -272,6 +282,8 @@ class BwrapSandbox(RunsAs):
         args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
         if self.inside in argv:  # what the launcher uses, only (each bind costs bwrap some time)
             args += _traversable(self.inside, made) + ["--ro-bind", str(INSIDE), self.inside]
+        if argv[0] == self.compiled:
+            args += _traversable(self.compiled, made) + ["--ro-bind", str(launcher.path()), self.compiled]
         if self.relayed and "--relay" in argv:
             args += _traversable(self.proxy_socket_inside, made) + ["--bind", str(self.proxy_socket), self.proxy_socket_inside]
         args += _traversable(ws, made) + ["--bind", ws, ws, "--chdir", cwd or ws]

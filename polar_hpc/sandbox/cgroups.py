@@ -95,7 +95,11 @@ class Cgroup:
 
     def wrap(self, argv: list[str]) -> list[str]:
         """`argv`, started in the cgroup (so is every descendant); exit 126 if it cannot join."""
-        return ["/bin/sh", "-c", _JOIN, "join", *(str(f / _join_file(t)) for t, f in self.folders), "--", *argv]
+        return ["/bin/sh", "-c", _JOIN, "join", *self.join_files(), "--", *argv]
+
+    def join_files(self) -> list[str]:
+        """The files a process writes 0 to, to join this cgroup (one per hierarchy)."""
+        return [str(f / _join_file(t)) for t, f in self.folders]
 
     def pids(self) -> list[int]:
         if self.path is None:  # a folder half removed by an earlier close

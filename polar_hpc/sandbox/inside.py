@@ -1,6 +1,7 @@
 """Runs INSIDE a sandbox, under the sandbox's own python3 (stdlib only): limits, proxy relay, exec.
-(bwrap on the host's root uses the host's prlimit and setpriv and a shell instead, where it can,
-and this script with `--relay` alone for a command relayed to the proxy: bwrap.py.)
+(bwrap on the host's root uses launcher.c, the same work compiled, instead; without a compiler,
+the host's prlimit and setpriv and a shell where it can, and this script with `--relay` alone for
+a command relayed to the proxy: bwrap.py.)
 
     python3 inside.py [--nproc N] [--fsize BYTES] [--as BYTES] [--user UID:GID] [--relay PORT=SOCKET] [--prefixed-env]
                       -- ARGV...

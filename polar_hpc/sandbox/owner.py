@@ -8,7 +8,7 @@ each sandbox as its own host uid:gid U:U, leased at `start()` from `sandbox.uid_
 given back at `stop()` once no process of it can survive (an unverified teardown keeps it until
 the gateway exits); so no session, and no host process of another uid (65534 included), can read
 a session's /proc/PID/environ (its proxy token) or its files. Each backend says how it drops
-(bwrap: setpriv or `inside.py --user`; apptainer: `--security uid:N,gid:N`). The sandbox's tmp
+(bwrap: the compiled launcher, setpriv or `inside.py --user`; apptainer: `--security uid:N,gid:N`). The sandbox's tmp
 and /dev/shm folders are given to that user at start, and its workspace and `mounts`, with all the
 gateway put there (uploads, a harness's config files), before each command; never following a
 link. No process of a sandbox runs between two of its commands (each command's PID namespace

@@ -25,12 +25,13 @@ import pytest
 from aiohttp import web
 
 from e2e.helpers import live_processes_matching
-from bwrap_required import needs_bwrap
+from bwrap_required import REQUIRED, needs_bwrap
 from polar_hpc import wire
 from polar_hpc.client import Client
 from polar_hpc.config import UID_RANGE
 from polar_hpc.proxy import relay
 from polar_hpc.sandbox import Limits, SandboxError, bwrap
+from polar_hpc.sandbox import launcher as compiled
 from polar_hpc.sandbox.bwrap import BwrapSandbox
 from polar_hpc.sandbox.inside import RELAY_TOKEN
 from polar_hpc.shards.reader import iter_trajectories
@@ -86,10 +87,16 @@ def _box(root: Path, proxy_socket: Path | None = None, hidden: tuple[Path, ...] 
     return BwrapSandbox(root, {}, [], "none", proxy_socket=proxy_socket, limits=Limits(**limits), hidden=hidden)
 
 
-@pytest.fixture(params=["host-tools", "inside.py"])
+@pytest.fixture(params=["compiled", "host-tools", "inside.py"])
 def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both launchers a bwrap command can have: the host's prlimit/setpriv/env (Python only to
-    relay), and inside.py for all of it (an image; a host whose tools are missing or too old)."""
+    """Every launcher a bwrap command on the host's root can have: the compiled one (launcher.c),
+    and without it (no `cc`; POLAR_SANDBOX_LAUNCHER=fallback) the host's prlimit/setpriv/env
+    (Python only to relay), or inside.py for all of it (a host whose tools are missing or too old)."""
+    if request.param == "compiled":
+        if compiled.path() is None and not REQUIRED:  # CI (.ci/run installs cc) fails instead
+            pytest.skip("no `cc` here to build the compiled launcher")
+        return request.param
+    monkeypatch.setenv(compiled.FORCE, "fallback")
     if request.param == "inside.py":
         monkeypatch.setattr(bwrap, "host_tools", lambda: None)
     elif bwrap.host_tools() is None:
@@ -98,42 +105,49 @@ def launcher(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.parametrize("privileged", [True, False], ids=["root-gateway", "user-namespace"])
-def test_the_host_tools_launcher_runs_python_only_to_relay(tmp_path: Path, privileged: bool) -> None:
-    if bwrap.host_tools() is None:
-        pytest.skip("prlimit or setpriv is missing or too old here")
+def test_a_command_line_holds_no_value_and_python_only_where_needed(tmp_path: Path, privileged: bool, launcher: str) -> None:
+    """Values travel in the environment (its owner's alone), never in a command line (anyone's);
+    Python runs for no command under the compiled launcher, only to relay under the host's tools,
+    for all under inside.py; the relay's handoff comes after the drop."""
     (tmp_path / "proxy.sock").touch()
     plain, relayed = _box(tmp_path / "a"), _box(tmp_path / "b", proxy_socket=tmp_path / "proxy.sock")
     for sb in (plain, relayed):
         sb.privileged = privileged and os.geteuid() == 0
     secret = {"LD_PRELOAD": "/x.so", "OPENAI_API_KEY": "session-token", "POLAR_SANDBOX_ID": "m"}
     argv, env = plain._process("true", secret)
-    chain = argv[argv.index("--") + 1:]
-    assert plain.inside not in chain and PY not in chain, chain
-    assert ("--reuid" in chain) == plain.privileged
-    # values only in the environment (its owner's alone), never in a command line (anyone's)
+    chain = argv[argv.index("--", argv.index("bwrap")) + 1:]
+    assert (PY in chain) == (launcher == "inside.py"), chain
+    assert bool({"--reuid", "--user"} & set(chain)) == plain.privileged, chain
     assert "LD_PRELOAD" not in env and env["POLAR_ENV_OPENAI_API_KEY"] == "session-token"
     assert not any("/x.so" in a or "session-token" in a for a in argv), argv
     argv, _ = relayed._process("true", {"POLAR_SANDBOX_ID": "m"})
-    assert relayed.inside not in argv[argv.index("--") + 1:], argv  # a command without the session's token hands nothing over
+    assert "--relay" not in argv, argv  # a command without the session's token hands nothing over
     argv, env = relayed._process("true", {"POLAR_SANDBOX_ID": "m", RELAY_TOKEN: "session-token"})
     assert env[RELAY_TOKEN] == "session-token" and not any("session-token" in a for a in argv), argv
     assert not any(k.startswith("POLAR_ENV_") and "RELAY" in k for k in env), env  # the launcher's, not the command's
-    chain = argv[argv.index("--") + 1:]
-    start = chain.index(relayed.inside)
-    assert chain[start + 1:start + 4] == ["--relay", f"47111={relayed.proxy_socket_inside}", "--"], chain
-    assert chain.index(relayed.inside) > chain.index(bwrap.host_tools()["prlimit"]), chain  # after the limits and drop
+    chain = argv[argv.index("--", argv.index("bwrap")) + 1:]
+    assert (PY in chain) == (launcher != "compiled"), chain
+    start = chain.index("--relay")
+    assert chain[start + 1] == f"47111={relayed.proxy_socket_inside}", chain
+    assert start > max((chain.index(a) for a in ("--reuid", "--user") if a in chain), default=-1), chain  # after the drop
+
+
+def test_every_variable_name_reaches_the_command(tmp_path: Path, launcher: str) -> None:
+    """Names a shell can restore and names it cannot (the host tools' launcher then sends the
+    command through inside.py) reach the command with their values; a name with `=` is refused."""
+    sb = _box(tmp_path / "sb")
     restorable = {"A": "it's \"$HOME\"\n`x`", "EMPTY": "", "PATH": "/usr/bin:/bin:/nowhere"}
-    through_inside = restorable | {"BASH_ENV": "/nope", "POLAR_ENV_D": "kept"}  # names the shell cannot restore
+    unusual = restorable | {"BASH_ENV": "/nope", "POLAR_ENV_D": "kept"}
 
     async def names_and_values():
-        await plain.start()
+        await sb.start()
         with pytest.raises(SandboxError, match="cannot launch the command"):
-            await plain.exec("true", {"A=B": "1"}, 5)
-        shown = [await plain.exec("env", env, 5) for env in (restorable, through_inside)]
-        assert await plain.stop()
+            await sb.exec("true", {"A=B": "1"}, 5)
+        shown = [await sb.exec("env", env, 5) for env in (restorable, unusual)]
+        assert await sb.stop()
         return shown
 
-    for env, out in zip((restorable, through_inside), _run(names_and_values())):
+    for env, out in zip((restorable, unusual), _run(names_and_values())):
         lines = set(out.stdout.decode().split("\n"))
         assert all(f"{k}={v}".split("\n")[0] in lines for k, v in env.items()), out
         assert {line.split("=")[0] for line in lines if line.startswith("POLAR_ENV_")} <= {"POLAR_ENV_D"}, out
@@ -190,8 +204,8 @@ def test_network_none_reaches_the_proxy_and_nothing_else(tmp_path: Path, launche
     assert url == "http://127.0.0.1:47111"
     assert via_proxy.stdout == b"proxy-ok\nnot-shown\n", via_proxy.stderr
     assert refused.returncode == 126 and refused.stdout == b"", refused
-    assert refused.stderr == (b"inside.py: the proxy did not take this sandbox's listener: "
-                              b"refused: unknown or closed session\n"), refused
+    said = b"launcher" if launcher == "compiled" else b"inside.py"
+    assert refused.stderr == said + b": the proxy did not take this sandbox's listener: refused: unknown or closed session\n"
     lines = probes.stdout.decode().splitlines()
     assert len(lines) == 4 and all(" failed " in line for line in lines), probes.stdout + probes.stderr
 
