@@ -178,17 +178,27 @@ class Cgroups:
     def __init__(self, run: str = "local") -> None:
         self.run = run
         self.owner = f"{run}.{os.getpid()}.{_start_time(os.getpid())}"
+        self._trees: list[_Tree] | None = None  # found at the first create: they do not change
+        self._prepared: set[Path] = set()  # owner folders made (a sweep that removed one: made again)
 
     def create(self, name: str, limits: Limits) -> Cgroup | None:
         """A new cgroup `name` bounded by `limits`, or None when no pids cgroup can be made here."""
         folders: list[tuple[_Tree, Path]] = []
-        for tree in _trees():
+        if self._trees is None:
+            self._trees = _trees()
+        for tree in self._trees:
             if "memory" in tree.controllers and limits.max_memory_bytes is None:
                 continue
             folder = tree.root / PARENT / self.owner / name
             try:
-                _prepare(tree, folder.parent)
-                folder.mkdir()
+                if folder.parent not in self._prepared:
+                    _prepare(tree, folder.parent)
+                    self._prepared.add(folder.parent)
+                try:
+                    folder.mkdir()
+                except FileNotFoundError:  # its owner folder was removed since
+                    _prepare(tree, folder.parent)
+                    folder.mkdir()
             except OSError:
                 if "pids" in tree.controllers:
                     return None

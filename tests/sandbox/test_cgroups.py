@@ -224,3 +224,13 @@ def test_without_a_memory_cgroup_rlimit_as_bounds_each_process(tmp_path: Path, c
     assert big.returncode == 1 and b"MemoryError" in big.stderr, big
     assert small.returncode == 0 and small.stdout == b"16777216\n"
     assert "no memory cgroup can be made here" in caplog.text and "RLIMIT_AS" in caplog.text
+
+
+def test_an_owner_makes_its_folders_again_after_a_close(owner: Cgroups) -> None:
+    """Create finds the hierarchies and makes the owner's folders once; a close (or another gateway's
+    sweep) that removed them since does not leave later sandboxes without a cgroup."""
+    owner.close()
+    assert not _owner_folders(owner.owner)
+    again = owner.create("after-close", Limits(max_pids=64))
+    assert again is not None and again.path is not None and again.path.is_dir()
+    assert (again.path / "pids.max").read_text().strip() == "64"
