@@ -17,9 +17,11 @@ the scripted engine speaks SGLang's routes). Every client module has:
 - `chat_answer(answer) -> Sampled`: its answer, content and tool calls included.
 - `async model_facts(get_json) -> (tokenizer folder or None, context length)`, `get_json(path)`
   being the engine's decoded JSON answer to a GET.
-- `async sampling_defaults(get_json) -> dict`: the sampling parameters (`temperature`, `top_p`, and
-  controls by their `Sampling.controls` names) the proxy sends where a call leaves them unset, for
-  the kind's tito route to sample as the engine's own OpenAI routes would (`Sampling.defaulted`).
+- `async sampling_defaults(find_json) -> dict | None`: the sampling parameters (`temperature`,
+  `top_p`, and controls by their `Sampling.controls` names) the proxy sends where a call leaves them
+  unset, for the kind's tito route to sample as the engine's own OpenAI routes would
+  (`Sampling.defaulted`); None where the engine cannot say (`find_json(path)`: like `get_json`, None
+  where the engine has no such route).
 A malformed answer (a capture field missing, ids and logprobs of different lengths) raises
 `BadAnswer` naming what is wrong.
 """

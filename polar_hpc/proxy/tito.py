@@ -319,8 +319,12 @@ class Tito:
                 return
             (folder, self.context_length), _ = await self.router.attempt(
                 session_id, lambda client: self.engine.model_facts(client.get_json))
-            self.defaults, _ = await self.router.attempt(
-                session_id, lambda client: self.engine.sampling_defaults(client.get_json))
+            defaults, _ = await self.router.attempt(
+                session_id, lambda client: self.engine.sampling_defaults(client.find_json))
+            if defaults is None:
+                log.warning("tito: the engine does not say its sampling defaults (a vLLM not started by polar-hpc's "
+                            "LAUNCH): what a call leaves unset is the engine's SamplingParams' default")
+            self.defaults = defaults or {}
             if self.renderer is None:
                 if not folder:
                     raise EngineError(502, "the engine names no tokenizer folder; set the topology's proxy.tokenizer")

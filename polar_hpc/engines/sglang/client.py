@@ -111,5 +111,5 @@ async def model_facts(get_json: Callable[[str], Awaitable[dict]]) -> tuple[str |
     return info.get("tokenizer_path"), int(cards[0].get("max_model_len") or 32768)
 
 
-async def sampling_defaults(get_json: Callable[[str], Awaitable[dict]]) -> dict[str, Any]:
+async def sampling_defaults(find_json: Callable[[str], Awaitable[dict | None]]) -> dict[str, Any] | None:
     return {}

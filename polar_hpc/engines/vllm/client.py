@@ -33,8 +33,8 @@
 - `sampling_defaults`: `GET /polar/sampling_defaults` (the route `launch.LAUNCH` adds): the
   temperature, top_p, top_k, min_p and penalties vLLM's /v1/completions and /v1/chat/completions
   apply where a request leaves them unset (`ModelConfig.get_diff_sampling_param()`: the model's
-  generation config as `--generation-config` and `--override-generation-config` say); a vLLM
-  started otherwise lacks the route, and every tito call then fails naming it.
+  generation config as `--generation-config` and `--override-generation-config` say); None from a
+  vLLM started otherwise (no such route: the proxy says so and sends no defaults).
 """
 
 from __future__ import annotations
@@ -146,6 +146,6 @@ async def model_facts(get_json: Callable[[str], Awaitable[dict]]) -> tuple[str |
     return cards[0].get("root"), int(cards[0].get("max_model_len") or 32768)
 
 
-async def sampling_defaults(get_json: Callable[[str], Awaitable[dict]]) -> dict[str, Any]:
-    defaults = await get_json(DEFAULTS_PATH)
-    return {key: defaults[key] for key in SAMPLED if defaults.get(key) is not None}
+async def sampling_defaults(find_json: Callable[[str], Awaitable[dict | None]]) -> dict[str, Any] | None:
+    defaults = await find_json(DEFAULTS_PATH)
+    return None if defaults is None else {key: defaults[key] for key in SAMPLED if defaults.get(key) is not None}
