@@ -17,13 +17,18 @@ the scripted engine speaks SGLang's routes). Every client module has:
 - `chat_answer(answer) -> Sampled`: its answer, content and tool calls included.
 - `async model_facts(get_json) -> (tokenizer folder or None, context length)`, `get_json(path)`
   being the engine's decoded JSON answer to a GET.
+- `async sampling_defaults(find_json) -> dict | None`: the sampling parameters (`temperature`,
+  `top_p`, and controls by their `Sampling.controls` names) the proxy sends where a call leaves them
+  unset, for the kind's tito route to sample as the engine's own OpenAI routes would
+  (`Sampling.defaulted`); None where the engine cannot say (`find_json(path)`: like `get_json`, None
+  where the engine has no such route).
 A malformed answer (a capture field missing, ids and logprobs of different lengths) raises
 `BadAnswer` naming what is wrong.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -55,6 +60,13 @@ class Sampling:
     controls: dict[str, Any] = field(default_factory=dict)
     top_logprobs: int = 0  # alternatives returned at each sampled token
     constraint: Constraint | None = None
+
+    def defaulted(self, defaults: dict[str, Any]) -> Sampling:
+        """This, with `defaults` for what it leaves unset."""
+        return replace(self, temperature=defaults.get("temperature") if self.temperature is None else self.temperature,
+                       top_p=defaults.get("top_p") if self.top_p is None else self.top_p,
+                       controls={**{k: v for k, v in defaults.items() if k not in ("temperature", "top_p")},
+                                 **self.controls})
 
     def record(self) -> dict[str, Any]:
         """The sampling parameters the engine was asked for (the call record's `sampling`)."""

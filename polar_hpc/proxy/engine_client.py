@@ -10,6 +10,7 @@ was read.
 `get_json(path)` GETs and `post_json(path, body)` POSTs JSON to `base_url + path` and return the
 decoded JSON object, or raise `EngineError`: `status` 400 when the engine rejected the request
 (its message passed on), 502 for anything else (unreachable, 5xx, not JSON, not HTTP).
+`find_json(path)` is `get_json`, or None where the engine has no such route (404).
 `get_text(path, max_bytes)` GETs the first `max_bytes` of a 200 answer's body as text (the
 connection is closed when more was coming), with the same errors.
 `stream_json(path, body)` POSTs a streaming request and yields each Server-Sent Event's decoded
@@ -158,6 +159,10 @@ class EngineClient:
     async def get_json(self, path: str) -> dict[str, Any]:
         return await self._call("GET", path, b"")
 
+    async def find_json(self, path: str) -> dict[str, Any] | None:
+        status, raw = await self._exchange("GET", path, b"")
+        return None if status == 404 else _answer(status, raw)
+
     async def get_text(self, path: str, max_bytes: int) -> str:
         conn: _Connection | None = None
         pieces: list[bytes] = []
@@ -213,6 +218,10 @@ class EngineClient:
         raise EngineError(502, f"engine at {self.base_url} ended the stream early", started)
 
     async def _call(self, method: str, path: str, payload: bytes) -> dict[str, Any]:
+        return _answer(*await self._exchange(method, path, payload))
+
+    async def _exchange(self, method: str, path: str, payload: bytes) -> tuple[int, bytes]:
+        """The answer's status and body."""
         conn = None
         try:
             conn = await self._send(method, path, payload)
@@ -221,7 +230,7 @@ class EngineClient:
             raise self._failed(e) from None
         finally:
             self._release(conn)
-        return _answer(conn.status, raw)
+        return conn.status, raw
 
     async def _send(self, method: str, path: str, payload: bytes) -> _Connection:
         """A connection whose answer's head has been read."""

@@ -16,10 +16,11 @@ piece of content as tokens arrive and for each tool call (a `ToolCall`) as soon 
 arrives (`CallReader` over the engine's text), and returns the `Outcome` (the same content and
 calls, ids included; `aborted.Aborted` if the engine aborted the generation; `EngineError` 502 if
 the engine reports other prompt ids than it was sent). The engine is asked for the call's sampling
-controls and, when the harness asked for structured output, the `constraints.constraint` it decodes
-under; `meta` records both (`sampling`, `constrained`). `tool_choice: none` reads no calls;
-parallel tool calls off keeps the first. Chat's n > 1 samples each choice with a request of its own
-(`Outcome.choices`), each starting its own chain.
+controls, the engine kind's `sampling_defaults` for those the call leaves unset (vLLM's generation
+config defaults, which its tito route does not apply itself), and, when the harness asked for
+structured output, the `constraints.constraint` it decodes under; `meta` records both (`sampling`,
+`constrained`). `tool_choice: none` reads no calls; parallel tool calls off keeps the first.
+Chat's n > 1 samples each choice with a request of its own (`Outcome.choices`), each starting its own chain.
 
 Drift-free history: `Chains` (one per session) keeps, for each chain of calls, the conversation
 through the last sampled reply and its exact ids (prompt + sampled). When a call re-sends that
@@ -308,15 +309,22 @@ class Tito:
         self.renderer, self.parser_name, self.router, self.engine = renderer, parser_name, router, engine
         self.parser = parser_for(parser_name, renderer.chat_template) if renderer else None
         self.context_length: int | None = None
+        self.defaults: dict[str, Any] | None = None  # the engine's sampling defaults (`sampling_defaults`)
         self._setup = asyncio.Lock()
         self._chains: dict[str, Chains] = {}
 
     async def _prepare(self, session_id: str) -> None:
         async with self._setup:
-            if self.renderer is not None and self.context_length is not None:
+            if self.renderer is not None and self.context_length is not None and self.defaults is not None:
                 return
             (folder, self.context_length), _ = await self.router.attempt(
                 session_id, lambda client: self.engine.model_facts(client.get_json))
+            defaults, _ = await self.router.attempt(
+                session_id, lambda client: self.engine.sampling_defaults(client.find_json))
+            if defaults is None:
+                log.warning("tito: the engine does not say its sampling defaults (a vLLM not started by polar-hpc's "
+                            "LAUNCH): what a call leaves unset is the engine's SamplingParams' default")
+            self.defaults = defaults or {}
             if self.renderer is None:
                 if not folder:
                     raise EngineError(502, "the engine names no tokenizer folder; set the topology's proxy.tokenizer")
@@ -326,7 +334,8 @@ class Tito:
                     raise EngineError(502, str(e)) from None
                 self.parser = parser_for(self.parser_name, self.renderer.chat_template)
             renderer, parser, context_length = self._ready()
-            log.info("tito: tokenizer %s, tool parser %s, context %d", renderer.folder, parser.name, context_length)
+            log.info("tito: tokenizer %s, tool parser %s, context %d, sampling defaults %s", renderer.folder,
+                     parser.name, context_length, self.defaults)
 
     def _ready(self) -> tuple[Renderer, ToolParser, int]:
         """The tokenizer, tool parser and context length: all set once `_prepare` returned."""
@@ -356,7 +365,7 @@ class Tito:
         if budget is None:
             budget = max(context_length - len(prompt.ids), 1)
         sampling = Sampling(budget, call.temperature, call.top_p, tuple(call.stop or ()), call.sampling,
-                            call.top_logprobs, constraints.constraint(call, self._ready()[1]))
+                            call.top_logprobs, constraints.constraint(call, self._ready()[1])).defaulted(self.defaults or {})
         if call.n == 1:
             return await self._sample(session_id, chains, prompt, call, sampling, emit)
         # n > 1 (not streamed): each choice a sample of its own, with its own rid (and seed), each

@@ -28,6 +28,8 @@ def test_json_and_streams_share_one_kept_alive_connection(engine):
             answers = [await client.post_json("/generate", PROMPT) for _ in range(3)]
             events = [e async for e in client.stream_json("/generate", {**PROMPT, "stream": True})]
             info = await client.get_json("/get_model_info")
+            found, missing = await client.find_json("/get_model_info"), await client.find_json("/no/such/route")
+            assert found == info and missing is None  # find_json: None where the engine has no such route
             return answers, events, info, len(client._idle)
         finally:
             await client.close()

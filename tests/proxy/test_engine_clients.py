@@ -5,6 +5,8 @@ tests/vllm with vLLM.)"""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from polar_hpc.config import ConfigError
@@ -24,13 +26,12 @@ def _sglang_events(n: int) -> list[dict]:
 
 
 def _vllm_events(cuts: list[int]) -> list[dict]:
-    """vLLM's delta events, cut before the ids at `cuts`, then its usage event."""
+    """vLLM's delta events (/inference/v1/generate), cut before the ids at `cuts`, then its usage event."""
     bounds = [0, *cuts, len(IDS)]
-    events = [{"id": "cmpl-r", "choices": [{
-        "text": "".join(TEXTS[a:b]), "token_ids": IDS[a:b], "logprobs": {"token_logprobs": LOGPROBS[a:b]},
-        "prompt_token_ids": [1, 2] if a == 0 else None,
+    events = [{"request_id": "r", "prompt_token_ids": [1, 2] if a == 0 else None, "choices": [{
+        "text": "".join(TEXTS[a:b]), "token_ids": IDS[a:b], "logprobs": {"content": [{"logprob": lp} for lp in LOGPROBS[a:b]]},
         "finish_reason": "stop" if b == len(IDS) else None, "stop_reason": None}]} for a, b in zip(bounds, bounds[1:])]
-    return [*events, {"id": "cmpl-r", "choices": [], "usage": {"prompt_tokens": 2}}]
+    return [*events, {"request_id": "r", "choices": [], "usage": {"prompt_tokens": 2}}]
 
 
 def _read(client, events: list[dict]) -> tuple[str, Sampled]:
@@ -64,8 +65,9 @@ def test_sglang_tokens_carry_the_version_of_the_event_that_brought_them() -> Non
 
 def test_requests_carry_what_capture_needs() -> None:
     path, body = VLLM.generate([1, 2], Sampling(9, 0.5, None, ("x",)), True, "r1")
-    assert path == "/v1/completions" and body["prompt"] == [1, 2] and body["logprobs"] == 0
-    assert body["return_token_ids"] and body["stream"] and body["stop"] == ["x"] and "top_p" not in body
+    params = body["sampling_params"]
+    assert path == "/inference/v1/generate" and body["token_ids"] == [1, 2] and params["logprobs"] == 0
+    assert body["return_token_ids"] and body["stream"] and params["stop"] == ["x"] and "top_p" not in params
     path, body = SGLANG.generate([1, 2], Sampling(9), False, "r1")
     assert path == "/generate" and body["input_ids"] == [1, 2] and body["return_logprob"]
     for client in (SGLANG, VLLM):
@@ -75,7 +77,7 @@ def test_requests_carry_what_capture_needs() -> None:
 
 @pytest.mark.parametrize("event", [
     {"choices": [{"token_ids": [1, "x"], "finish_reason": "stop"}]},
-    {"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": [None]}, "finish_reason": "stop"}]},
+    {"choices": [{"token_ids": [1], "logprobs": {"content": [{"logprob": None}]}, "finish_reason": "stop"}]},
     {"choices": "no"}, {"nothing": 1}, {"choices": [{"text": 5, "finish_reason": "stop"}]},
 ])
 def test_malformed_vllm_events_are_bad_answers(event) -> None:
@@ -85,8 +87,8 @@ def test_malformed_vllm_events_are_bad_answers(event) -> None:
 
 @pytest.mark.parametrize("events", [
     [],  # nothing
-    [{"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": [-1.0]}}]}],  # never finished
-    [{"choices": [{"token_ids": [1, 2], "logprobs": {"token_logprobs": [-1.0]}, "finish_reason": "stop"}]}],
+    [{"choices": [{"token_ids": [1], "logprobs": {"content": [{"logprob": -1.0}]}}]}],  # never finished
+    [{"choices": [{"token_ids": [1, 2], "logprobs": {"content": [{"logprob": -1.0}]}, "finish_reason": "stop"}]}],
 ])
 def test_a_vllm_answer_short_of_logprobs_or_unfinished_is_bad(events) -> None:
     with pytest.raises(BadAnswer):
@@ -106,7 +108,7 @@ def test_malformed_chat_answers_are_bad(answer) -> None:
 def test_an_abort_is_reported_as_such() -> None:
     event = {"choices": [{"token_ids": [], "logprobs": None, "finish_reason": "abort"}]}
     assert _read(VLLM, [event])[1].finish == "abort"
-    usage = {"id": "cmpl-r", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 0}}
+    usage = {"request_id": "r", "choices": [], "usage": {"prompt_tokens": 2, "completion_tokens": 0}}
     assert _read(VLLM, [usage])[1].finish == "abort"  # vLLM streams no choice for a call aborted before a token
     with pytest.raises(BadAnswer):  # tokens counted but none seen: a broken stream, not an abort
         _read(VLLM, [{**usage, "usage": {"prompt_tokens": 2, "completion_tokens": 3}}])
@@ -126,13 +128,13 @@ def test_sampling_controls_constraint_and_alternatives_go_in_each_engines_own_fi
     assert params["sampling_seed"] == 7 and "seed" not in params  # SGLang's name
     assert {k: params[k] for k in controls if k != "seed"} == {k: v for k, v in controls.items() if k != "seed"}
     assert params["json_schema"] == schema and body["top_logprobs_num"] == 3 and body["return_text_in_logprobs"]
-    _, body = VLLM.generate([1, 2], sampling, False, "r1")
-    assert {k: body[k] for k in controls} == controls
-    assert body["structured_outputs"] == {"json": {"type": "object"}}
-    assert body["logprobs"] == 3
+    params = VLLM.generate([1, 2], sampling, False, "r1")[1]["sampling_params"]
+    assert {k: params[k] for k in controls} == controls
+    assert params["structured_outputs"] == {"json": {"type": "object"}}
+    assert params["logprobs"] == 4  # K + 1: vLLM lists the sampled token first, then the K most likely
     tag = Constraint("structural_tag", '{"type": "structural_tag", "format": {"type": "any_text"}}')
     _, body = VLLM.generate([1], Sampling(4, constraint=tag), False, "r")
-    assert body["structured_outputs"] == {"structural_tag": tag.spec}
+    assert body["sampling_params"]["structured_outputs"] == {"structural_tag": tag.spec}
     _, body = SGLANG.generate([1], Sampling(4, constraint=tag), False, "r")
     assert body["sampling_params"]["structural_tag"] == tag.spec and "top_logprobs_num" not in body
     assert sampling.record() == {"max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "stop": ["x"], **controls,
@@ -147,7 +149,25 @@ def test_both_engines_alternatives_are_read() -> None:
     assert s.top_logprobs == [[(t, lp), ("z", -9.0)] for lp, t in zip(LOGPROBS, TEXTS)]
     events = _vllm_events([1])
     for e in events[:-1]:
-        n = len(e["choices"][0]["token_ids"])
-        e["choices"][0]["logprobs"]["top_logprobs"] = [{"q": -0.5, "z": -9.0}] * n
+        for entry in e["choices"][0]["logprobs"]["content"]:
+            entry["top_logprobs"] = [{"token": "q", "logprob": -0.5}, {"token": "z", "logprob": -9.0}]
     v = _read(VLLM, events)[1]
     assert v.top_logprobs == [[("q", -0.5), ("z", -9.0)]] * len(IDS)
+
+
+def test_unset_sampling_parameters_take_the_engines_defaults() -> None:
+    async def find_json(path: str) -> dict:
+        assert path == "/polar/sampling_defaults"
+        return {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "min_p": None, "max_tokens": 100}
+
+    async def missing(path: str) -> None:
+        return None
+
+    defaults = asyncio.run(VLLM.sampling_defaults(find_json))
+    assert defaults == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}  # max_tokens: the proxy's own budget
+    assert asyncio.run(VLLM.sampling_defaults(missing)) is None  # a vLLM not started by LAUNCH cannot say
+    assert asyncio.run(SGLANG.sampling_defaults(find_json)) == {}  # SGLang's /generate: its own defaults
+    sampling = Sampling(9, None, 0.8, (), {"top_k": 2, "seed": 1}).defaulted(defaults)
+    assert (sampling.temperature, sampling.top_p, sampling.controls) == (0.6, 0.8, {"top_k": 2, "seed": 1})
+    params = VLLM.generate([1], Sampling(9).defaulted(defaults), False, "r")[1]["sampling_params"]
+    assert (params["temperature"], params["top_p"], params["top_k"]) == (0.6, 0.95, 20)

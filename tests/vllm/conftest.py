@@ -1,12 +1,13 @@
 """ONE real vLLM server for the whole test session (`vllm` fixture), from `model.model_dir()`.
 
-Its Python is `$POLAR_VLLM_PYTHON` (default `.ci/vllm-venv/bin/python`, made by `.ci/install_vllm`).
+Its Python is `$POLAR_VLLM_PYTHON` (default `.ci/vllm-venv/bin/python`, made by `.ci/install_vllm`),
+run as the engine step runs it (`launch.LAUNCH`: with the route of its sampling defaults).
 Without it the vLLM tests skip, unless `POLAR_REQUIRE_VLLM=1`, where they fail. The server runs
 with the flags the proxy's capture needs (`SERVE_FLAGS`: the engine step's `launch.FLAGS`)
 on a free port, on the CPU; it is stopped when the session ends. `start_vllm(tmp)` starts another
 one (for a test that kills an engine); start it sparingly: each takes ~3 GB and a minute.
 `POLAR_VLLM_URL` names a vLLM already serving `model_dir()` as `proxy.helpers.MODEL` with
-`SERVE_FLAGS` to use instead (while developing: it saves the minute).
+`SERVE_FLAGS`, started by `launch.LAUNCH`, to use instead (while developing: it saves the minute).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ class Vllm:
         with urllib.request.urlopen(request, timeout=120) as r:
             return json.loads(r.read())
 
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=120) as r:
+            return json.loads(r.read())
+
     def stop(self, kill: bool = False) -> None:
         """Stop it (`kill`: at once, SIGKILL, as a crash would)."""
         if self.proc is not None and self.proc.poll() is None:
@@ -77,7 +82,7 @@ def start_vllm(tmp: Path, name: str = "vllm", weights: Path | None = None) -> Vl
     env = dict(os.environ, VLLM_CACHE_ROOT=str(tmp / "cache"), VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_CI_ENV="1",
                VLLM_SERVER_DEV_MODE="1", OMP_NUM_THREADS="1")
     folder = weights or model_dir()
-    args = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+    args = [str(python), "-c", launch.LAUNCH, "--model", str(folder),
             "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), *SERVE_FLAGS]
     proc = subprocess.Popen(args, env=env, stdout=open(tmp / f"{name}.log", "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)

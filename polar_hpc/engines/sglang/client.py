@@ -15,6 +15,9 @@
   0.5.17): `choices[0].prompt_token_ids` / `response_token_ids`, `logprobs.content`, and
   `metadata.weight_version`.
 - `/get_model_info` `tokenizer_path` and `/v1/models` `max_model_len` are the model's facts.
+- `sampling_defaults`: none. SGLang's /generate applies its `--preferred-sampling-params` itself
+  (tokenizer_manager) and, unlike its OpenAI routes (`--sampling-defaults model`, the default),
+  not the model's generation config; see docs/engines.md.
 """
 
 from __future__ import annotations
@@ -106,3 +109,7 @@ async def model_facts(get_json: Callable[[str], Awaitable[dict]]) -> tuple[str |
     info = await get_json("/get_model_info")
     cards = (await get_json("/v1/models")).get("data") or [{}]
     return info.get("tokenizer_path"), int(cards[0].get("max_model_len") or 32768)
+
+
+async def sampling_defaults(find_json: Callable[[str], Awaitable[dict | None]]) -> dict[str, Any] | None:
+    return {}

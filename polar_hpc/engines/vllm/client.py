@@ -8,8 +8,9 @@
   (`seed`, `top_k`, `min_p`, the penalties, `logit_bias`), a constraint as `structured_outputs`
   (`json` or `structural_tag`), `logprobs` (0: the sampled token's only; K alternatives asked: K + 1,
   since vLLM counts the sampled token among them: the proxy keeps the K most likely),
-  `skip_special_tokens`. Unset sampling parameters are `SamplingParams`' defaults (this route
-  applies no generation config of the model but its `max_tokens`).
+  `skip_special_tokens`. This route applies no generation config of the model (but its
+  `max_tokens`, which the proxy always sets): the proxy sends the defaults vLLM's OpenAI routes
+  would apply (`sampling_defaults`) for what a call leaves unset.
   The answer's `choices[0]` carries `text`, `token_ids` (the end token included when it was
   sampled), `logprobs.content` (1:1 with them: `logprob`, `top_logprobs` of `{token, logprob}`),
   `finish_reason` (stop | length | abort) and `stop_reason` (the stop id or string; None for the
@@ -29,6 +30,11 @@
 - Logprobs are those vLLM is launched to return: `--logprobs-mode processed_logprobs` gives the
   distribution sampled from (after temperature, top-k, top-p); see docs/engines.md.
 - `/v1/models` names the model folder (`root`) and `max_model_len`.
+- `sampling_defaults`: `GET /polar/sampling_defaults` (the route `launch.LAUNCH` adds): the
+  temperature, top_p, top_k, min_p and penalties vLLM's /v1/completions and /v1/chat/completions
+  apply where a request leaves them unset (`ModelConfig.get_diff_sampling_param()`: the model's
+  generation config as `--generation-config` and `--override-generation-config` say); None from a
+  vLLM started otherwise (no such route: the proxy says so and sends no defaults).
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ GENERATE_PATH = "/inference/v1/generate"
 CHAT_PATH = "/v1/chat/completions"
 VERSIONED_EVENTS = False  # the versions come whole, on the last event, whether streamed or not
 UNSET = "default"  # vLLM's label until /update_weight_version sets one (v1/engine/core.py)
+DEFAULTS_PATH = "/polar/sampling_defaults"
+SAMPLED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
 
 def generate(ids: list[int], sampling: Sampling, stream: bool, rid: str) -> tuple[str, dict[str, Any]]:
@@ -136,3 +144,8 @@ def chat_answer(answer: dict[str, Any]) -> Sampled:
 async def model_facts(get_json: Callable[[str], Awaitable[dict]]) -> tuple[str | None, int]:
     cards = (await get_json("/v1/models")).get("data") or [{}]
     return cards[0].get("root"), int(cards[0].get("max_model_len") or 32768)
+
+
+async def sampling_defaults(find_json: Callable[[str], Awaitable[dict | None]]) -> dict[str, Any] | None:
+    defaults = await find_json(DEFAULTS_PATH)
+    return None if defaults is None else {key: defaults[key] for key in SAMPLED if defaults.get(key) is not None}

@@ -20,6 +20,13 @@ to vLLM as `VLLM_API_KEY`, never on a command line other users of the node can r
 vLLM itself demands the key only under /v1 (and /v2, /inference, /cohere); `LAUNCH` widens its
 check to every route but /health, so the development routes, which can call any worker method,
 answer only the run's proxies and orchestrator.
+
+`LAUNCH` also adds the route `GET /polar/sampling_defaults` (beside vLLM's development route
+/server_info): the sampling parameters vLLM's OpenAI routes apply where a request leaves them unset,
+as vLLM itself computes them (`ModelConfig.get_diff_sampling_param()`: the model's
+`generation_config.json`, or what `--generation-config` names, with `--override-generation-config`
+applied; none with `--generation-config vllm`). /inference/v1/generate applies none of them (but
+`max_tokens`), so the proxy sends them (`client.sampling_defaults`).
 """
 
 from __future__ import annotations
@@ -41,8 +48,10 @@ LAUNCH = """\
 import importlib.util, runpy, sys
 if importlib.util.find_spec("vllm") is None:
     sys.exit(f"engine.python {sys.executable} cannot import vllm: set engine.python to a Python with vLLM installed")
+from fastapi import Request
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
+from vllm.entrypoints.serve.dev.server_info.api_router import router
 from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 
 def guard(self, scope, receive, send):
@@ -51,6 +60,11 @@ def guard(self, scope, receive, send):
     return self.app(scope, receive, send)
 
 AuthenticationMiddleware.__call__ = guard
+
+@router.get("/polar/sampling_defaults")
+def sampling_defaults(raw_request: Request):
+    return raw_request.app.state.vllm_config.model_config.get_diff_sampling_param()
+
 runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
 """
 # what the proxy's capture needs: tool calls on the chat route (passthrough), and logprobs of the

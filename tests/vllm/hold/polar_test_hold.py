@@ -6,9 +6,11 @@ vLLM loads it as a general plugin in its engine core (`vllm.general_plugins`, li
 and it does something only where `POLAR_TEST_HOLD=MARK:N` is set: after the engine step in which
 a request whose id holds MARK has N output tokens, the engine core's busy loop waits until the
 next `pause_scheduler` call is in its input queue, once per request (not at all for one a pause
-found earlier). vLLM 0.32 (v1/engine/core.py `EngineCoreProc.run_busy_loop`, CPU: no async
-scheduling) handles every queued message before its next step, so a pause takes with at most N
-tokens of such a request sampled (exactly N when it came later), and the request unfinished.
+found earlier), and at most `GIVE_UP_S` (a test that failed before its update queues no pause:
+the loop goes on, saying it gave up, and that test's own check of the hold fails rather than its
+timeout). vLLM 0.32 (v1/engine/core.py `EngineCoreProc.run_busy_loop`, CPU: no async scheduling)
+handles every queued message before its next step, so a pause takes with at most N tokens of such
+a request sampled (exactly N when it came later), and the request unfinished.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import time
 
 MARK_ENV = "POLAR_TEST_HOLD"
+GIVE_UP_S = 60.0
 
 
 def register() -> None:
@@ -38,9 +41,11 @@ def register() -> None:
                if mark in rid and rid not in held and r.num_output_tokens >= int(n)]
         if due:
             held.update(due)
-            while not _pause_queued(core):
+            deadline = time.monotonic() + GIVE_UP_S
+            while not (queued := _pause_queued(core)) and time.monotonic() < deadline:
                 time.sleep(0.005)
-            print(f"polar_test_hold: {due} held at {n} tokens until a pause was queued", flush=True)
+            print(f"polar_test_hold: {due} held at {n} tokens " + ("until a pause was queued" if queued else
+                  f"for {GIVE_UP_S:.0f} s: no pause was queued, gave up"), flush=True)
         return executed
 
     def seen_pause(core: EngineCoreProc, *args, **kwargs):
