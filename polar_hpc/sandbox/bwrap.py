@@ -335,19 +335,34 @@ class BwrapSandbox(RunsAs):
         """The host's root read-only, with the covers and the folders shown back described above."""
         # with `mounts`, / is a tmpfs holding the host's top-level entries, where their mount points can be made
         args = _tmpfs_root(Path("/"), self.tmp) if self.mounts else ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        covered = _outermost({"/run", *HOMES, str(self.root.parent), *map(str, self.hidden), *checkouts.project()})
-        for folder in map(Path, covered):  # other sessions; the run dir; checkouts holding hidden parts
-            if not folder.is_relative_to("/tmp") and folder.is_dir():
-                args += _cover(folder)
-        args += ["--bind", str(self.tmp), "/tmp"]
-        shown = [p for p in shown_dirs() if any(Path(p).is_relative_to(c) for c in ("/tmp", *covered))]
-        for path in shown:
-            args += _traversable(path, made) + ["--ro-bind", path, path]
-        for folder in (self.root.parent, *self.hidden):  # e.g. a run dir inside a checkout under /tmp
-            if any(folder.is_relative_to(top) for top in shown) and folder.is_dir():
-                args += _cover(folder)
-                made.difference_update(m for m in list(made) if Path(m).is_relative_to(folder) and m != str(folder))
-        return args
+        parent, hidden = str(self.root.parent), tuple(map(str, self.hidden))
+        folders = ("/run", *HOMES, parent, *hidden, *checkouts.project())  # other sessions; the run dir; checkouts
+        covers, shown, shown_made = _host_view(folders, parent, hidden, tuple(map(os.path.isdir, folders)))
+        made.update(shown_made)
+        return args + list(covers) + ["--bind", str(self.tmp), "/tmp"] + list(shown)
+
+
+@functools.lru_cache(maxsize=64)
+def _host_view(folders: tuple[str, ...], parent: str, hidden: tuple[str, ...],
+               present: tuple[bool, ...]) -> tuple[tuple[str, ...], tuple[str, ...], frozenset[str]]:
+    """bwrap's covers of `folders` (those `present`, outside /tmp) before the sandbox's /tmp, then the
+    folders shown back (with the mount points they make: the third item) and the covers of `parent`
+    and `hidden` inside one of those. The same for every sandbox of a gateway, so worked out once
+    for each state of the folders (`present` is part of the key: a folder made later is covered)."""
+    exists = dict(zip(folders, present))
+    covered = _outermost(set(folders))
+    covers = [arg for folder in covered if not Path(folder).is_relative_to("/tmp") and exists[folder]
+              for arg in _cover(folder)]
+    made: set[str] = set()
+    shown = [p for p in shown_dirs() if any(Path(p).is_relative_to(c) for c in ("/tmp", *covered))]
+    after: list[str] = []
+    for path in shown:
+        after += _traversable(path, made) + ["--ro-bind", path, path]
+    for folder in (parent, *hidden):  # e.g. a run dir inside a checkout under /tmp
+        if any(Path(folder).is_relative_to(top) for top in shown) and exists[folder]:
+            after += _cover(folder)
+            made.difference_update(m for m in list(made) if Path(m).is_relative_to(folder) and m != folder)
+    return tuple(covers), tuple(after), frozenset(made)
 
 
 def _tmpfs_root(tree: Path, tmp: Path) -> list[str]:

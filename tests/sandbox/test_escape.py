@@ -250,6 +250,31 @@ def test_other_sessions_and_host_paths(base: str) -> None:
         shutil.rmtree(run_dir)
 
 
+def test_a_hidden_folder_made_after_a_command_is_covered_at_the_next() -> None:
+    """bwrap's view of the host is worked out once per state of the folders it covers: a run dir
+    that did not exist at a sandbox's first command is still covered once it does."""
+    parent = Path(tempfile.mkdtemp(prefix="polar-escape-", dir="/var/tmp"))
+    run_dir = Path("/var/tmp") / f"polar-late-run-{os.getpid()}"
+
+    async def go():
+        sb = _box(parent / "mine", hidden=(run_dir,))
+        await sb.start()
+        first = await sb.exec(f"ls -d {run_dir} 2>/dev/null; true", {}, 10)
+        run_dir.mkdir()
+        (run_dir / "rendezvous.json").write_text("keys")
+        peek = await sb.exec(f"cat {run_dir}/rendezvous.json", {}, 10)
+        assert await sb.stop()
+        return first, peek
+
+    try:
+        first, peek = _run(go())
+        assert first.returncode == 0 and first.stdout == b""  # not there yet
+        assert peek.returncode != 0 and b"keys" not in peek.stdout, peek
+    finally:
+        shutil.rmtree(parent)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
 def test_fork_bomb_is_bounded_and_ends_the_command(tmp_path: Path) -> None:
     async def go():
         sb = _box(tmp_path / "sb", max_pids=64)
