@@ -192,8 +192,7 @@ class _Gateway:
             return 2
         if warning:
             log.warning(warning)
-        if os.environ.get(launcher.FORCE) != "fallback":
-            launcher.build(tmp_root)  # once, before any sandbox (a failure is logged once)
+        launcher.build(tmp_root)  # once, before any sandbox (a failure is logged once)
         proxy_sock = self.ctx.socket(zmq.ROUTER)
         proxy_endpoint = f"ipc://{tmp_root}/proxy.sock"
         proxy_sock.bind(proxy_endpoint)

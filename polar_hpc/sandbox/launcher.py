@@ -28,7 +28,10 @@ _built: dict[str, Path | None] = {}  # "path": the one build of this process
 
 
 def build(folder: Path) -> Path | None:
-    """Compile launcher.c into `folder` (once per process); the binary, or None (logged once)."""
+    """Compile launcher.c into `folder` (once per process); the binary, or None (logged once; none
+    built where POLAR_SANDBOX_LAUNCHER is `fallback`)."""
+    if os.environ.get(FORCE) == "fallback":
+        return None
     if "path" in _built:
         return _built["path"]
     cc, out, why = shutil.which("cc") or "", folder / "polar-launcher", "no `cc` on PATH"
