@@ -69,10 +69,10 @@ class RunsAs(Sandbox):
         if self.privileged and self.lease is None:
             pool = self.uids or local_uids()
             try:
-                self.lease = await asyncio.to_thread(pool.take)
+                lease = pool.quick() or await asyncio.to_thread(pool.take)  # take() may read /proc: not on the loop
             except (UidsExhausted, OSError) as e:
                 raise SandboxError(f"no host uid for the sandbox: {e}") from None
-            self.run_as = self.lease.ids
+            self.lease, self.run_as = lease, lease.ids
         for folder in (self.workspace, self.tmp, self.shm, *self.mounts.values()):
             folder.mkdir(parents=True, exist_ok=True)
             if self.privileged:
