@@ -2,7 +2,8 @@
 
 What a command sees: the host's root read-only (it runs the host's interpreters); its workspace
 (at its own path, its cwd) and its tmp (at /tmp) writable; /dev/shm is `ROOT/shm`, on disk and
-counted in the session's disk limit; /dev read-only (its device nodes still work). /run, /root,
+counted in the session's disk limit; /dev read-only to it (its device nodes still work; remounted
+read-only where the command runs in a user namespace, else root's, mode 0755). /run, /root,
 /home, the folder holding the other sessions' sandboxes and the `hidden` folders (the run
 directory, with its shards and keys) are covered by small empty tmpfs mounts (those under /tmp are
 already behind the private /tmp); the folders holding the interpreter and the PATH entries that
@@ -279,7 +280,9 @@ class BwrapSandbox(RunsAs):
             raise ValueError(f"user {user!r}: only a sandbox of an image runs a command as one of its users")
         ws, made = str(self.workspace), set[str]()
         args = ["bwrap", *self._host_root(made)]
-        args += ["--bind", str(self.shm), "/dev/shm", "--remount-ro", "/dev"]
+        args += ["--bind", str(self.shm), "/dev/shm"]
+        if self.user_namespace:  # there bwrap's /dev is the command's own; as root it is root's, 0755
+            args += ["--remount-ro", "/dev"]
         if self.inside in argv:  # what the launcher uses, only (each bind costs bwrap some time)
             args += _traversable(self.inside, made) + ["--ro-bind", str(INSIDE), self.inside]
         if argv[0] == self.compiled:
