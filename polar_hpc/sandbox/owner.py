@@ -69,7 +69,9 @@ class RunsAs(Sandbox):
         if self.privileged and self.lease is None:
             pool = self.uids or local_uids()
             try:
-                lease = pool.quick() or await asyncio.to_thread(pool.take)  # take() may read /proc: not on the loop
+                lease = pool.quick()
+                if lease is None:  # take() may read /proc: not on the loop
+                    lease = await asyncio.to_thread(pool.take)
             except (UidsExhausted, OSError) as e:
                 raise SandboxError(f"no host uid for the sandbox: {e}") from None
             self.lease, self.run_as = lease, lease.ids
