@@ -1,9 +1,9 @@
 """Sandbox start cost beside a bare bwrap start, and how busy RUN slots stay with and without the READY pool.
 
 - cold_start_ms: a real sandbox (bwrap where usable, else none) from nothing to its first command
-  done: `start()` (workspace, cgroup, one uploaded file, limits) + `exec("true")`; median of
-  --starts. cold_start_cpu_ms: the CPU time of this process and the children it reaps over the
-  same span; what runs inside bwrap's PID namespace is reaped there and not counted, so
+  done: `start()` (workspace, cgroup, a root gateway's uid lease, one uploaded file, limits) +
+  `exec("true")`; median of --starts. cold_start_cpu_ms: the CPU time of this process and the
+  children it reaps over the same span; what runs inside bwrap's PID namespace is reaped there and not counted, so
   launcher_cpu_ms gives the CPU time of the in-sandbox launcher with the sandbox's own options
   (on bwrap the compiled launcher, then `sh -c true`; with POLAR_SANDBOX_LAUNCHER=fallback the
   host's prlimit, setpriv for a root gateway, then the command's own `sh -c` that restores its
