@@ -18,8 +18,9 @@ the scripted engine speaks SGLang's routes). Every client module has:
 - `async model_facts(get_json) -> (tokenizer folder or None, context length)`, `get_json(path)`
   being the engine's decoded JSON answer to a GET.
 - `async sampling_defaults(find_json) -> dict | None`: the sampling parameters (`temperature`,
-  `top_p`, and controls by their `Sampling.controls` names) the proxy sends where a call leaves them
-  unset, for the kind's tito route to sample as the engine's own OpenAI routes would
+  `top_p`, `max_tokens`, and controls by their `Sampling.controls` names) the proxy sends where a
+  call leaves them unset (`max_tokens`: the most a call without a limit samples, within the
+  context left), for the kind's tito route to sample as the engine's own OpenAI routes would
   (`Sampling.defaulted`); None where the engine cannot say (`find_json(path)`: like `get_json`, None
   where the engine has no such route).
 A malformed answer (a capture field missing, ids and logprobs of different lengths) raises
@@ -62,10 +63,10 @@ class Sampling:
     constraint: Constraint | None = None
 
     def defaulted(self, defaults: dict[str, Any]) -> Sampling:
-        """This, with `defaults` for what it leaves unset."""
+        """This, with `defaults` for what it leaves unset (`max_tokens` is the caller's: see tito.py)."""
         return replace(self, temperature=defaults.get("temperature") if self.temperature is None else self.temperature,
                        top_p=defaults.get("top_p") if self.top_p is None else self.top_p,
-                       controls={**{k: v for k, v in defaults.items() if k not in ("temperature", "top_p")},
+                       controls={**{k: v for k, v in defaults.items() if k not in ("temperature", "top_p", "max_tokens")},
                                  **self.controls})
 
     def record(self) -> dict[str, Any]:

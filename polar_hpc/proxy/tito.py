@@ -17,7 +17,8 @@ arrives (`CallReader` over the engine's text), and returns the `Outcome` (the sa
 calls, ids included; `aborted.Aborted` if the engine aborted the generation; `EngineError` 502 if
 the engine reports other prompt ids than it was sent). The engine is asked for the call's sampling
 controls, the engine kind's `sampling_defaults` for those the call leaves unset (vLLM's generation
-config defaults, which its tito route does not apply itself), and, when the harness asked for
+config defaults, which its tito route does not apply itself; a call without a token limit samples
+the context left, at most their `max_tokens`), and, when the harness asked for
 structured output, the `constraints.constraint` it decodes under; `meta` records both (`sampling`,
 `constrained`). `tool_choice: none` reads no calls; parallel tool calls off keeps the first.
 Chat's n > 1 samples each choice with a request of its own (`Outcome.choices`), each starting its own chain.
@@ -362,8 +363,9 @@ class Tito:
         chains = self._chains.setdefault(session_id, Chains())
         prompt = await offload(call.size, chains.prompt, renderer, call, context_length)
         budget = call.max_tokens
-        if budget is None:
-            budget = max(context_length - len(prompt.ids), 1)
+        if budget is None:  # as the engine's own OpenAI routes: the context left, within their default
+            left = max(context_length - len(prompt.ids), 1)
+            budget = min(left, (self.defaults or {}).get("max_tokens") or left)
         sampling = Sampling(budget, call.temperature, call.top_p, tuple(call.stop or ()), call.sampling,
                             call.top_logprobs, constraints.constraint(call, self._ready()[1])).defaulted(self.defaults or {})
         if call.n == 1:

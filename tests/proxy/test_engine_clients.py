@@ -164,10 +164,10 @@ def test_unset_sampling_parameters_take_the_engines_defaults() -> None:
         return None
 
     defaults = asyncio.run(VLLM.sampling_defaults(find_json))
-    assert defaults == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}  # max_tokens: the proxy's own budget
+    assert defaults == {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "max_tokens": 100}  # max_new_tokens
     assert asyncio.run(VLLM.sampling_defaults(missing)) is None  # a vLLM not started by LAUNCH cannot say
     assert asyncio.run(SGLANG.sampling_defaults(find_json)) == {}  # SGLang's /generate: its own defaults
     sampling = Sampling(9, None, 0.8, (), {"top_k": 2, "seed": 1}).defaulted(defaults)
     assert (sampling.temperature, sampling.top_p, sampling.controls) == (0.6, 0.8, {"top_k": 2, "seed": 1})
     params = VLLM.generate([1], Sampling(9).defaulted(defaults), False, "r")[1]["sampling_params"]
-    assert (params["temperature"], params["top_p"], params["top_k"]) == (0.6, 0.95, 20)
+    assert (params["temperature"], params["top_p"], params["top_k"], params["max_tokens"]) == (0.6, 0.95, 20, 9)

@@ -3,7 +3,8 @@
 
 - Defaults: a call that leaves temperature, top_p, top_k... unset samples with the model's
   generation config as vLLM's OpenAI routes apply it (`launch.LAUNCH`'s /polar/sampling_defaults),
-  not with `SamplingParams`' neutral defaults, which /inference/v1/generate alone would use.
+  not with `SamplingParams`' neutral defaults, which /inference/v1/generate alone would use; one
+  without a token limit samples at most the generation config's `max_new_tokens`, as they do.
 - Alternatives: `top_logprobs` K asks vLLM for K + 1 (it lists the sampled token first) and the
   proxy answers the K most likely, most likely first, also where the sampled token is not among them.
 """
@@ -23,13 +24,14 @@ from vllm.conftest import start_vllm
 
 pytestmark = pytest.mark.timeout(900)
 GENERATION = {"temperature": 2.0, "top_k": 4}  # the copy's generation_config.json: flat, observable
+LIMIT = 6  # the copy's max_new_tokens: what a call without max_tokens samples at most
 MESSAGES = [{"role": "user", "content": "What is 6 times 7?"}]
 TOKENS, SEED, K = 24, 7, 3
 
 
-def _call(proxy, **extra) -> openai.types.chat.ChatCompletion:
+def _call(proxy, max_tokens=TOKENS, **extra) -> openai.types.chat.ChatCompletion:
     client = openai.OpenAI(base_url=proxy.base_url, api_key="tok", max_retries=0, timeout=300)
-    return client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=TOKENS, seed=SEED, **extra)
+    return client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=max_tokens, seed=SEED, **extra)
 
 
 def _direct(server, prompt_ids: list[int], **extra) -> dict:
@@ -41,14 +43,14 @@ def test_unset_sampling_parameters_are_the_models_generation_config(vllm, short_
     folder = tmp_path / "model"
     shutil.copytree(vllm.folder, folder)
     config = json.loads((folder / "generation_config.json").read_text())
-    (folder / "generation_config.json").write_text(json.dumps({**config, **GENERATION}))
+    (folder / "generation_config.json").write_text(json.dumps({**config, **GENERATION, "max_new_tokens": LIMIT}))
     server = start_vllm(tmp_path, "generation", weights=folder)
     try:
         proxy = start_proxy(short_tmp, gateway, server.url, mode="tito", engine_kind="vllm")
         gateway.send(wire.Engines(urls=[server.url], versions={server.url: "v1"}))
         gateway.open("s", "tok")
         try:
-            assert server.get("/polar/sampling_defaults") == GENERATION
+            assert server.get("/polar/sampling_defaults") == {**GENERATION, "max_tokens": LIMIT}
             _call(proxy)
             record = gateway.expect(wire.CallRecord, timeout=300)
             own = _direct(server, record.prompt_ids, logprobs=0)  # vLLM applies the generation config itself
@@ -58,6 +60,12 @@ def test_unset_sampling_parameters_are_the_models_generation_config(vllm, short_
             assert (record.output_ids, pytest.approx(record.output_logprobs, abs=1e-4)) != (
                 neutral["token_ids"], neutral["logprobs"]["token_logprobs"])
             assert record.meta["sampling"] == {"max_tokens": TOKENS, "seed": SEED, **GENERATION}
+            _call(proxy, max_tokens=openai.NOT_GIVEN)  # no limit: the generation config's, as vLLM's chat route
+            record = gateway.expect(wire.CallRecord, timeout=300)
+            chat = server.post("/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "seed": SEED})
+            assert len(record.output_ids) == chat["usage"]["completion_tokens"] == LIMIT
+            assert record.output_ids == _direct(server, record.prompt_ids, logprobs=0)["token_ids"][:LIMIT]
+            assert record.meta["sampling"] == {"max_tokens": LIMIT, "seed": SEED, **GENERATION}
         finally:
             proxy.stop()
     finally:

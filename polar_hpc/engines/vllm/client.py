@@ -10,7 +10,7 @@
   since vLLM counts the sampled token among them: the proxy keeps the K most likely),
   `skip_special_tokens`. This route applies no generation config of the model (but its
   `max_tokens`, which the proxy always sets): the proxy sends the defaults vLLM's OpenAI routes
-  would apply (`sampling_defaults`) for what a call leaves unset.
+  would apply (`sampling_defaults`, their `max_tokens` included) for what a call leaves unset.
   The answer's `choices[0]` carries `text`, `token_ids` (the end token included when it was
   sampled), `logprobs.content` (1:1 with them: `logprob`, `top_logprobs` of `{token, logprob}`),
   `finish_reason` (stop | length | abort) and `stop_reason` (the stop id or string; None for the
@@ -32,7 +32,8 @@
 - `/v1/models` names the model folder (`root`) and `max_model_len`.
 - `sampling_defaults`: `GET /polar/sampling_defaults` (the route `launch.LAUNCH` adds): the
   temperature, top_p, top_k, min_p and penalties vLLM's /v1/completions and /v1/chat/completions
-  apply where a request leaves them unset (`ModelConfig.get_diff_sampling_param()`: the model's
+  apply where a request leaves them unset, and `max_tokens` (the generation config's
+  `max_new_tokens`: the most tokens a request that sets no limit samples) (`ModelConfig.get_diff_sampling_param()`: the model's
   generation config as `--generation-config` and `--override-generation-config` say); None from a
   vLLM started otherwise (no such route: the proxy says so and sends no defaults).
 """
@@ -52,7 +53,8 @@ CHAT_PATH = "/v1/chat/completions"
 VERSIONED_EVENTS = False  # the versions come whole, on the last event, whether streamed or not
 UNSET = "default"  # vLLM's label until /update_weight_version sets one (v1/engine/core.py)
 DEFAULTS_PATH = "/polar/sampling_defaults"
-SAMPLED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+SAMPLED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+           "max_tokens")  # max_tokens: the generation config's max_new_tokens, as vLLM names it
 
 
 def generate(ids: list[int], sampling: Sampling, stream: bool, rid: str) -> tuple[str, dict[str, Any]]:
