@@ -130,7 +130,7 @@ def correction_summary(trainer_logprobs: Any, behaviour_logprobs: Any, loss_mask
         "mean_ratio": float(ratio.mean()) if n else 1.0,
         "min_ratio": float(ratio.min()) if n else 1.0,
         "max_ratio": float(ratio.max()) if n else 1.0,
-        "k3": float((ratio - 1 - lr).mean()) if n else 0.0,
+        "k3": float(np.maximum(np.expm1(lr) - lr, 0.0).mean()) if n else 0.0,  # expm1: exact for tiny lr
     }
     if weights is not None:
         w = np.asarray(weights, dtype=np.float64)
