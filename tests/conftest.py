@@ -12,8 +12,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Property tests draw the same examples on every run, each test its own (a landing is never blocked
+# by an example found by chance; one that found a bug stays as an `@example`); `pytest
+# --hypothesis-profile explore` draws new ones.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile("ci")
 
 # A suite started in the background (`cmd &` in a script) inherits SIGINT ignored, and so would every
 # process a test starts (Python keeps an ignored SIGINT); the tests that press Ctrl-C need it as a
