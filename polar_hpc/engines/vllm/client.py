@@ -33,8 +33,9 @@
 - `sampling_defaults`: `GET /polar/sampling_defaults` (the route `launch.LAUNCH` adds): the
   temperature, top_p, top_k, min_p and penalties vLLM's /v1/completions and /v1/chat/completions
   apply where a request leaves them unset, and `max_tokens` (the generation config's
-  `max_new_tokens`: the most tokens a request that sets no limit samples) (`ModelConfig.get_diff_sampling_param()`: the model's
-  generation config as `--generation-config` and `--override-generation-config` say); None from a
+  `max_new_tokens`: the most tokens a request that sets no limit samples), all from
+  `ModelConfig.get_diff_sampling_param()` (the model's generation config as `--generation-config`
+  and `--override-generation-config` say); None from a
   vLLM started otherwise (no such route: the proxy says so and sends no defaults).
 """
 
